@@ -1,0 +1,96 @@
+"""Evaluate contract expressions to (integer value, unit), checking units.
+
+Units are clock names (`302 frame`); a plain integer is dimensionless. Addition,
+subtraction and `max` need equal units; a product takes the unit of its one
+dimensioned factor. `extent(R)` is a region's attended bound, supplied by the
+caller. Errors are raised as `EvalError` carrying the offending span; callers
+turn them into diagnostics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from duplexcadence.compiler import ir
+from duplexcadence.dsl.diagnostics import Span
+
+
+@dataclass(frozen=True)
+class Value:
+    value: int
+    unit: str | None = None
+
+    def show(self) -> str:
+        return f"{self.value} {self.unit}" if self.unit else str(self.value)
+
+
+class EvalError(Exception):
+    def __init__(self, code: str, message: str, span: Span):
+        super().__init__(message)
+        self.code, self.message, self.span = code, message, span
+
+
+# Names that are not constants resolve through this hook (config values, extents).
+Resolver = Callable[[str, Span], Value]
+
+
+def evaluate(
+    expr: ir.Expr,
+    consts: Mapping[str, Value],
+    *,
+    clocks: frozenset[str] = frozenset(),
+    names: Mapping[str, Value] | None = None,
+    extent: Callable[[str, Span], Value] | None = None,
+) -> Value:
+    """Evaluate `expr`. `names` binds extra names (config variables) and wins over consts."""
+
+    def go(e: ir.Expr) -> Value:
+        if isinstance(e, ir.Quantity):
+            if e.unit is not None and e.unit not in clocks:
+                raise EvalError("CLK011", f"unknown unit '{e.unit}' (units are clock names)", e.span)
+            return Value(e.value, e.unit)
+        if isinstance(e, ir.NameRef):
+            if names is not None and e.name in names:
+                return names[e.name]
+            if e.name in consts:
+                return consts[e.name]
+            if e.name in clocks:
+                raise EvalError(
+                    "CLK012",
+                    f"clock '{e.name}' names an extent axis; it has no value here",
+                    e.span,
+                )
+            raise EvalError("CLK011", f"unknown name '{e.name}'", e.span)
+        if isinstance(e, ir.ExtentOf):
+            if extent is None:
+                raise EvalError("CLK012", "extent(...) is only meaningful in an envelope", e.span)
+            return extent(e.region, e.span)
+        if isinstance(e, ir.MaxOf):
+            values = [go(i) for i in e.items]
+            _same_unit(values, e.items, "max")
+            return Value(max(v.value for v in values), values[0].unit)
+        assert isinstance(e, ir.BinOp)
+        left, right = go(e.left), go(e.right)
+        if e.op == "*":
+            if left.unit and right.unit:
+                raise EvalError(
+                    "CLK012", f"cannot multiply {left.show()} by {right.show()}", e.span
+                )
+            return Value(left.value * right.value, left.unit or right.unit)
+        _same_unit([left, right], (e.left, e.right), e.op)
+        value = left.value + right.value if e.op == "+" else left.value - right.value
+        return Value(value, left.unit)
+
+    return go(expr)
+
+
+def _same_unit(values: list[Value], exprs, op: str) -> None:
+    first = values[0]
+    for v, e in zip(values[1:], exprs[1:]):
+        if v.unit != first.unit:
+            raise EvalError(
+                "CLK012",
+                f"unit mismatch in '{op}': {first.show()} and {v.show()}",
+                e.span,
+            )

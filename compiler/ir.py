@@ -1,0 +1,212 @@
+"""The contract IR: frozen pydantic models, one per declaration, each with a span.
+
+The parser builds these directly; validation and analysis only read them. Spans
+are excluded from dumps and equality-by-dump, so a contract printed from IR and
+parsed back compares equal to the original.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from duplexcadence.dsl.diagnostics import Span
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    span: Span = Field(default_factory=Span, exclude=True, repr=False)
+
+
+# ---------------------------------------------------------------- expressions
+class Quantity(Node):
+    kind: Literal["quantity"] = "quantity"
+    value: int
+    unit: str | None = None
+
+
+class NameRef(Node):
+    kind: Literal["name"] = "name"
+    name: str
+
+
+class BinOp(Node):
+    kind: Literal["binop"] = "binop"
+    op: Literal["+", "-", "*"]
+    left: "Expr"
+    right: "Expr"
+
+
+class MaxOf(Node):
+    kind: Literal["max"] = "max"
+    items: tuple["Expr", ...]
+
+
+class ExtentOf(Node):
+    kind: Literal["extent"] = "extent"
+    region: str
+
+
+Expr = Annotated[Union[Quantity, NameRef, BinOp, MaxOf, ExtentOf], Field(discriminator="kind")]
+BinOp.model_rebuild()
+MaxOf.model_rebuild()
+
+
+# ---------------------------------------------------------------- paths
+class PathStep(Node):
+    kind: Literal["attr", "key", "index"]
+    value: str | int
+
+
+class Path(Node):
+    root: str
+    steps: tuple[PathStep, ...] = ()
+
+    def dotted(self) -> str:
+        out = self.root
+        for s in self.steps:
+            if s.kind == "attr":
+                out += f".{s.value}"
+            elif s.kind == "key":
+                out += f'["{s.value}"]'
+            else:
+                out += f"[{s.value}]"
+        return out
+
+
+# ---------------------------------------------------------------- declarations
+Literal_ = Union[bool, int, str]
+
+
+class Determinism(Node):
+    setting: str
+    value: Literal_
+
+
+class Clock(Node):
+    name: str
+    kind: Literal["rate", "product"]
+    rate: int | None = None
+    parent: str | None = None
+    factors: tuple[str, ...] = ()
+
+
+class Const(Node):
+    name: str
+    expr: Expr
+
+
+class Retention(Node):
+    kind: Literal["ring", "window", "head_tail"]
+    params: tuple[Expr, ...]
+
+
+class Attended(Node):
+    start: Expr
+    stride: Expr
+    until: Expr | None = None
+    flush: tuple[Expr, ...] = ()
+
+
+DType = Literal[
+    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool8"
+]
+Lifetime = Literal["operator", "unit", "chunk", "turn", "session", "process"]
+Mutability = Literal["immutable", "mutable", "copy_on_write"]
+
+
+class Region(Node):
+    name: str
+    dtype: DType | None = None
+    dims: tuple[Expr, ...] | None = None
+    clock: str | None = None
+    lifetime: Lifetime = "session"
+    mutability: Mutability = "mutable"
+    retention: Retention | None = None
+    attended: Attended | None = None
+    envelope: Expr | None = None
+    stock: tuple[Expr, ...] | None = None
+    address: Literal["stable", "moves"] = "stable"
+    site: Path | None = None
+    note: str | None = None
+    prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
+
+
+class RegionArg(Node):
+    kind: Literal["region"] = "region"
+    region: str
+
+
+class TensorArg(Node):
+    kind: Literal["tensor"] = "tensor"
+    dtype: DType
+    dims: tuple[Expr, ...]
+
+
+class ScalarArg(Node):
+    kind: Literal["scalar"] = "scalar"
+    type: Literal["bool", "int", "float"]
+
+
+ArgType = Annotated[Union[RegionArg, TensorArg, ScalarArg], Field(discriminator="kind")]
+
+
+class Arg(Node):
+    path: Path
+    keyword: bool
+    type: ArgType
+
+
+class Config(Node):
+    names: tuple[str, ...]
+    values: tuple[tuple[Literal_, ...], ...]
+
+
+class Condition(Node):
+    left: Expr
+    op: Literal["<=", ">=", "==", "!=", "<", ">"]
+    right: Expr
+
+
+class Retains(Node):
+    region: str
+    source: Path
+
+
+class Callable(Node):
+    name: str
+    site: Path | None = None
+    per: str | None = None
+    args: tuple[Arg, ...] = ()
+    aliased: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    retains: tuple[Retains, ...] = ()
+    configs: tuple[Config, ...] = ()
+    admit: tuple[Condition, ...] = ()
+    effects: Literal["none", "device_rng", "host_rng"] = "none"
+    mode: Literal["replay", "eager"] = "replay"
+    note: str | None = None
+    prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
+
+
+class HostConstant(Node):
+    name: str
+    site: Path | None = None
+    dtype: DType | None = None
+    dims: tuple[Expr, ...] | None = None
+    install: Literal["device_buffer", "left_eager"] = "device_buffer"
+    note: str | None = None
+    prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
+
+
+class Contract(Node):
+    name: str
+    target: str | None = None
+    budget: int | None = None
+    determinism: tuple[Determinism, ...] = ()
+    clocks: tuple[Clock, ...] = ()
+    consts: tuple[Const, ...] = ()
+    regions: tuple[Region, ...] = ()
+    callables: tuple[Callable, ...] = ()
+    constants: tuple[HostConstant, ...] = ()

@@ -1,0 +1,191 @@
+"""Lowering: validated IR + analysis -> the plain context the templates render.
+
+All decisions (what is a carry, which classes exist, how each argument is
+materialised for capture) are made here and handed to the templates as strings
+and lists; templates only loop and branch. Code fragments are built from
+identifiers that the grammar restricts to a safe character set and from
+`repr()` of strings and integers, so a contract cannot inject code.
+"""
+
+from __future__ import annotations
+
+from duplexcadence.compiler import ir
+from duplexcadence.compiler.analysis import Analysis, CatalogClass, _eval, _value
+from duplexcadence.compiler.validate import Checked
+
+RETENTION_CLASS = {"head_tail": "HeadTail", "window": "Window", "ring": "Ring"}
+EFFECT = {"none": "Effect.NONE", "device_rng": "Effect.DEVICE_RNG", "host_rng": "Effect.HOST_RNG"}
+
+
+def steps_code(path: ir.Path, *, include_root: bool) -> str:
+    steps = [("attr", path.root)] if include_root else []
+    steps += [(s.kind, s.value) for s in path.steps]
+    inner = ", ".join(f"({k!r}, {v!r})" for k, v in steps)
+    return f"({inner},)" if len(steps) == 1 else f"({inner})"
+
+
+def access_code(base: str, path: ir.Path) -> str:
+    """`kwargs["cache"]["estimator_att_cache"]`-style access for comments and docs."""
+    out = f"{base}[{path.root!r}]"
+    for s in path.steps:
+        out += f".{s.value}" if s.kind == "attr" else f"[{s.value!r}]"
+    return out
+
+
+def _arg_steps(arg: ir.Arg, position: int) -> str:
+    head = ("key", arg.path.root) if arg.keyword else ("index", position)
+    steps = [head] + [(s.kind, s.value) for s in arg.path.steps]
+    inner = ", ".join(f"({k!r}, {v!r})" for k, v in steps)
+    return f"({inner},)" if len(steps) == 1 else f"({inner})"
+
+
+def _leaf_code(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> str:
+    t = arg.type
+    config = dict(cls.config)
+    if isinstance(t, ir.RegionArg):
+        # a region without a clock extent is passed whole (extent None)
+        return f"RegionView({t.region!r}, {dict(cls.extents).get(t.region)})"
+    if isinstance(t, ir.TensorArg):
+        env = {n: _value(v) for n, v in config.items()}
+        dims = tuple(_eval(d, checked, env) for d in t.dims)
+        return f"TensorSpec({dims!r}, torch.{t.dtype if t.dtype != 'bool8' else 'bool'})"
+    return repr(config[arg.path.root])
+
+
+def _structure(args: list[ir.Arg], cls: CatalogClass, checked: Checked) -> str:
+    """Render args sharing one root as a (nested) dict literal, others as leaves."""
+    groups: dict[str, list[ir.Arg]] = {}
+    for a in args:
+        groups.setdefault(a.path.root, []).append(a)
+    parts = []
+    for root, members in groups.items():
+        if len(members) == 1 and not members[0].path.steps:
+            parts.append((root, _leaf_code(members[0], cls, checked)))
+        else:
+            items = ", ".join(
+                f"{m.path.steps[-1].value!r}: {_leaf_code(m, cls, checked)}" for m in members
+            )
+            parts.append((root, "{" + items + "}"))
+    return parts
+
+
+def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
+    regions = {r.name: r for r in checked.contract.regions}
+    positional = [a for a in k.args if not a.keyword]
+    keyword = [a for a in k.args if a.keyword]
+    classes = []
+    seen: set[str] = set()
+    # canonical order, so reordering independent declarations changes nothing
+    ordered = sorted(analysis.classes, key=lambda c: (c.extents, sorted(c.config, key=str)))
+    for cls in ordered:
+        pos = _structure(positional, cls, checked)
+        kw = _structure(keyword, cls, checked)
+        args_code = "(" + "".join(f"{code}, " for _, code in pos) + ")"
+        kwargs_code = "{" + ", ".join(f"{name!r}: {code}" for name, code in kw) + "}"
+        if (args_code, kwargs_code) in seen:
+            continue  # two configurations that differ only outside the signature
+        seen.add((args_code, kwargs_code))
+        classes.append({"label": f"{k.name}[{cls.label()}]", "args": args_code, "kwargs": kwargs_code})
+    positions = {id(a): i for i, a in enumerate(positional)}
+    adopt = []
+    for a in k.args:
+        if isinstance(a.type, ir.RegionArg) and a.type.region in k.aliased:
+            if regions[a.type.region].retention is not None:
+                adopt.append({
+                    "region": a.type.region,
+                    "container": "kwargs" if a.keyword else "args",
+                    "steps": _arg_steps(a, positions.get(id(a), 0)),
+                    "shown": access_code("kwargs" if a.keyword else "args", a.path),
+                })
+    return {
+        "name": k.name,
+        "site": steps_code(k.site, include_root=True),
+        "site_shown": k.site.dotted(),
+        "per": k.per,
+        "mode": k.mode,
+        "replay": analysis.in_scope,
+        "reason": analysis.scope_reason,
+        "width": analysis.width,
+        "bound": analysis.bound,
+        "effect": EFFECT[k.effects],
+        "aliased": list(k.aliased),
+        "writes": [w for w in k.writes],
+        "write_sites": [
+            {"region": w, "site": steps_code(regions[w].site, include_root=True)}
+            for w in k.writes
+            if regions[w].site is not None
+        ],
+        "adopt": adopt,
+        "retains": [
+            {
+                "region": r.region,
+                "steps": steps_code(ir.Path(root="_", steps=r.source.steps), include_root=False),
+                "shown": r.source.dotted(),
+            }
+            for r in k.retains
+        ],
+        "classes": classes,
+        "note": k.note,
+    }
+
+
+def lower(checked: Checked, analysis: Analysis, *, compiler_version: str, source_name: str,
+          source_sha256: str) -> dict:
+    c = checked.contract
+    by_name = {r.name: r for r in analysis.regions}
+    regions = []
+    for r in sorted(c.regions, key=lambda r: r.name):
+        a = by_name[r.name]
+        numbers = checked.regions[r.name]
+        retention = None
+        if numbers.retention is not None:
+            kind, params = numbers.retention
+            if kind == "head_tail":
+                retention = f"HeadTail(head={params[0]}, tail={params[1]})"
+            elif kind == "window":
+                retention = f"Window(width={params[0]})"
+            else:
+                retention = f"Ring(capacity={params[0]})"
+        regions.append({
+            "name": r.name,
+            "dtype": "bool" if r.dtype == "bool8" else r.dtype,
+            "shape": repr(a.shape),
+            "axis": repr(a.axis),
+            "lifetime": r.lifetime,
+            "mutability": r.mutability,
+            "retention": retention,
+            "site": steps_code(r.site, include_root=True) if r.site else None,
+            "site_shown": r.site.dotted() if r.site else None,
+            "demand_mib": f"{a.demand_bytes / 2**20:.2f}",
+            "stock_mib": f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
+            "rho": a.rho,
+            "attended": list(a.attended),
+            "address": r.address,
+            "note": r.note,
+        })
+    callables = [
+        lower_callable(k, checked, ka)
+        for k, ka in sorted(zip(c.callables, analysis.callables), key=lambda p: p[0].name)
+    ]
+    constants = [
+        {
+            "name": h.name,
+            "site": steps_code(h.site, include_root=True) if h.site else None,
+            "site_shown": h.site.dotted() if h.site else None,
+            "install": h.install,
+            "note": h.note,
+        }
+        for h in sorted(c.constants, key=lambda h: h.name)
+    ]
+    determinism = [{"setting": d.setting, "value": repr(d.value)} for d in sorted(c.determinism, key=lambda d: d.setting)]
+    return {
+        "compiler_version": compiler_version,
+        "contract": c.name,
+        "target": c.target,
+        "source_name": source_name,
+        "source_sha256": source_sha256,
+        "determinism": determinism,
+        "regions": regions,
+        "callables": callables,
+        "constants": constants,
+    }

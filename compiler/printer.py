@@ -1,0 +1,155 @@
+"""Print contract IR back to `.clock` text (canonical layout, comments dropped).
+
+Used by the round-trip property (print -> parse gives the same IR) and by
+anyone who wants a normalised contract.
+"""
+
+from __future__ import annotations
+
+from duplexcadence.compiler import ir
+
+
+def expr(e: ir.Expr, parent_prec: int = 0) -> str:
+    if isinstance(e, ir.Quantity):
+        return f"{e.value} {e.unit}" if e.unit else str(e.value)
+    if isinstance(e, ir.NameRef):
+        return e.name
+    if isinstance(e, ir.ExtentOf):
+        return f"extent({e.region})"
+    if isinstance(e, ir.MaxOf):
+        return "max(" + ", ".join(expr(i) for i in e.items) + ")"
+    prec = 2 if e.op == "*" else 1
+    # left-associative: the right operand needs parentheses at equal precedence
+    text = f"{expr(e.left, prec)} {e.op} {expr(e.right, prec + 1)}"
+    return f"({text})" if prec < parent_prec else text
+
+
+def literal(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return f'"{v}"'
+
+
+def path(p: ir.Path) -> str:
+    return p.dotted()
+
+
+def dims(ds) -> str:
+    return "[" + ", ".join(expr(d) for d in ds) + "]"
+
+
+def _region(r: ir.Region) -> list[str]:
+    out = [f"region {r.name} {{"]
+    if r.dtype:
+        out.append(f"  dtype {r.dtype}")
+    if r.dims is not None:
+        out.append(f"  dims {dims(r.dims)}")
+    if r.clock:
+        out.append(f"  clock {r.clock}")
+    out.append(f"  lifetime {r.lifetime}")
+    out.append(f"  mutability {r.mutability}")
+    if r.retention:
+        p = r.retention.params
+        text = {
+            "ring": lambda: f"ring({expr(p[0])})",
+            "window": lambda: f"window({expr(p[0])})",
+            "head_tail": lambda: f"head({expr(p[0])}) ++ tail({expr(p[1])})",
+        }[r.retention.kind]()
+        out.append(f"  retention {text}")
+    if r.attended:
+        a = r.attended
+        line = f"  attended from {expr(a.start)} by {expr(a.stride)}"
+        if a.until is not None:
+            line += f" until {expr(a.until)}"
+        if a.flush:
+            line += " flush {" + ", ".join(expr(f) for f in a.flush) + "}"
+        out.append(line)
+    if r.envelope is not None:
+        out.append(f"  envelope {expr(r.envelope)}")
+    if r.stock is not None:
+        out.append(f"  stock {dims(r.stock)}")
+    out.append(f"  address {r.address}")
+    if r.site:
+        out.append(f"  site {path(r.site)}")
+    if r.note is not None:
+        out.append(f'  note "{r.note}"')
+    return out + ["}"]
+
+
+def _arg_type(t) -> str:
+    if isinstance(t, ir.RegionArg):
+        return f"region {t.region}"
+    if isinstance(t, ir.TensorArg):
+        return f"{t.dtype} {dims(t.dims)}"
+    return t.type
+
+
+def _callable(k: ir.Callable) -> list[str]:
+    out = [f"callable {k.name} {{"]
+    if k.site:
+        out.append(f"  site {path(k.site)}")
+    if k.per:
+        out.append(f"  per {k.per}")
+    for a in k.args:
+        out.append(f"  {'kwarg' if a.keyword else 'arg'} {path(a.path)}: {_arg_type(a.type)}")
+    if k.aliased:
+        out.append("  aliased " + ", ".join(k.aliased))
+    if k.writes:
+        out.append("  writes " + ", ".join(k.writes))
+    for r in k.retains:
+        out.append(f"  retains {r.region} from {path(r.source)}")
+    for c in k.configs:
+        names = c.names[0] if len(c.names) == 1 else "(" + ", ".join(c.names) + ")"
+        values = ", ".join(
+            literal(v[0]) if len(v) == 1 else "(" + ", ".join(literal(x) for x in v) + ")" for v in c.values
+        )
+        out.append(f"  config {names} in {{{values}}}")
+    if k.admit:
+        out.append(
+            "  admit " + " and ".join(f"{expr(c.left)} {c.op} {expr(c.right)}" for c in k.admit)
+        )
+    out.append(f"  effects {k.effects}")
+    out.append(f"  mode {k.mode}")
+    if k.note is not None:
+        out.append(f'  note "{k.note}"')
+    return out + ["}"]
+
+
+def _constant(h: ir.HostConstant) -> list[str]:
+    out = [f"constant {h.name} {{"]
+    if h.site:
+        out.append(f"  site {path(h.site)}")
+    if h.dtype:
+        out.append(f"  dtype {h.dtype}")
+    if h.dims is not None:
+        out.append(f"  dims {dims(h.dims)}")
+    out.append(f"  install {h.install}")
+    if h.note is not None:
+        out.append(f'  note "{h.note}"')
+    return out + ["}"]
+
+
+def print_contract(c: ir.Contract) -> str:
+    lines = [f"contract {c.name}"]
+    if c.target is not None:
+        lines.append(f'target "{c.target}"')
+    if c.budget is not None:
+        lines.append(f"catalog budget {c.budget}")
+    for d in c.determinism:
+        lines.append(f"determinism {d.setting} = {literal(d.value)}")
+    for k in c.clocks:
+        if k.kind == "rate":
+            lines.append(f"clock {k.name} = {k.rate} per {k.parent}")
+        else:
+            lines.append(f"clock {k.name} = (" + ", ".join(k.factors) + ")")
+    for const in c.consts:
+        lines.append(f"const {const.name} = {expr(const.expr)}")
+    for r in c.regions:
+        lines.extend(_region(r))
+    for k in c.callables:
+        lines.extend(_callable(k))
+    for h in c.constants:
+        lines.extend(_constant(h))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,375 @@
+"""Parse `.clock` text into the contract IR, reporting syntax errors as diagnostics.
+
+One cached LALR parser (positions propagated) and a transformer that builds IR
+nodes directly, each carrying its span. Syntax errors are turned into
+`file:line:col` diagnostics whose "expected ..." lists read like the language
+("a name", "'{'"), never like lark's internal terminal names.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from duplexcadence.compiler import ir
+from duplexcadence.dsl.diagnostics import Diagnostic, Span, error
+
+# How terminals are named in "expected ..." messages.
+_FRIENDLY = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "STRING": 'a "string"',
+    "DTYPE": "a dtype (float32, bfloat16, int64, ...)",
+    "SCALAR_TYPE": "a scalar type (bool, int, float)",
+    "LIFETIME": "a lifetime (operator, unit, chunk, turn, session, process)",
+    "MUTABILITY": "a mutability (immutable, mutable, copy_on_write)",
+    "ADDRESS": "an address kind (stable, moves)",
+    "EFFECT": "an effect (none, device_rng, host_rng)",
+    "MODE": "a mode (replay, eager)",
+    "INSTALL": "an install kind (device_buffer, left_eager)",
+    "COMPARE": "a comparison (<=, <, ==, !=, >=, >)",
+    "$END": "end of file",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> Lark:
+    grammar = resources.files("duplexcadence.dsl").joinpath("clock.lark").read_text()
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _FRIENDLY:
+        return _FRIENDLY[terminal]
+    for t in _parser().terminals:
+        if t.name == terminal:
+            if t.pattern.type == "str":
+                return f"'{t.pattern.value}'"
+            return terminal.lower()
+    return terminal.lower()
+
+
+def _token_text(token: Token) -> str:
+    if token.type == "$END":
+        return "end of file"
+    return f"'{token.value}'"
+
+
+def _syntax_diagnostic(exc: UnexpectedInput) -> Diagnostic:
+    span = Span(exc.line if exc.line > 0 else 1, exc.column if exc.column > 0 else 1)
+    if isinstance(exc, UnexpectedCharacters):
+        char = exc.char if exc.char.isprintable() else repr(exc.char)
+        return error("CLK002", f"unexpected character '{char}'", span)
+    expected = sorted({_describe(t) for t in getattr(exc, "expected", set()) or set()})
+    listing = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
+    if isinstance(exc, UnexpectedEOF) or (
+        isinstance(exc, UnexpectedToken) and exc.token.type == "$END"
+    ):
+        return error("CLK003", f"unexpected end of file; expected {listing}", span)
+    assert isinstance(exc, UnexpectedToken)
+    return error("CLK001", f"unexpected {_token_text(exc.token)}; expected {listing}", span)
+
+
+def _span(meta) -> Span:
+    if getattr(meta, "empty", True):
+        return Span()
+    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _tok_span(tok: Token) -> Span:
+    return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column)
+
+
+class _Prop:
+    """A block property before it is folded into its owner node."""
+
+    def __init__(self, key: str, value, span: Span):
+        self.key, self.value, self.span = key, value, span
+
+
+@v_args(meta=True)
+class _ToIR(Transformer):
+    def __init__(self):
+        super().__init__()
+        self.diagnostics: list[Diagnostic] = []
+
+    # ---- literals and expressions
+    def int_lit(self, meta, c):
+        return int(c[0])
+
+    def true_lit(self, meta, c):
+        return True
+
+    def false_lit(self, meta, c):
+        return False
+
+    def string_lit(self, meta, c):
+        return c[0][1:-1]
+
+    def literal(self, meta, c):  # pragma: no cover - aliased away
+        return c[0]
+
+    def quantity(self, meta, c):
+        value, unit = c
+        return ir.Quantity(value=int(value), unit=str(unit) if unit else None, span=_span(meta))
+
+    def name_ref(self, meta, c):
+        return ir.NameRef(name=str(c[0]), span=_span(meta))
+
+    def add(self, meta, c):
+        return ir.BinOp(op="+", left=c[0], right=c[1], span=_span(meta))
+
+    def sub(self, meta, c):
+        return ir.BinOp(op="-", left=c[0], right=c[1], span=_span(meta))
+
+    def mul(self, meta, c):
+        return ir.BinOp(op="*", left=c[0], right=c[1], span=_span(meta))
+
+    def max_of(self, meta, c):
+        return ir.MaxOf(items=tuple(c), span=_span(meta))
+
+    def extent_of(self, meta, c):
+        return ir.ExtentOf(region=str(c[0]), span=_span(meta))
+
+    def dim_list(self, meta, c):
+        return tuple(x for x in c if x is not None)
+
+    # ---- paths
+    def attr_step(self, meta, c):
+        return ir.PathStep(kind="attr", value=str(c[0]), span=_span(meta))
+
+    def key_step(self, meta, c):
+        return ir.PathStep(kind="key", value=str(c[0])[1:-1], span=_span(meta))
+
+    def index_step(self, meta, c):
+        return ir.PathStep(kind="index", value=int(c[0]), span=_span(meta))
+
+    def path(self, meta, c):
+        return ir.Path(root=str(c[0]), steps=tuple(c[1:]), span=_span(meta))
+
+    def dotted(self, meta, c):
+        return ".".join(str(x) for x in c)
+
+    def name_list(self, meta, c):
+        return tuple((str(x), _tok_span(x)) for x in c)
+
+    # ---- top-level items (returned as tagged tuples, folded in `start`)
+    def contract_decl(self, meta, c):
+        return ("contract", str(c[0]), _span(meta))
+
+    def target_decl(self, meta, c):
+        return ("target", str(c[0])[1:-1], _span(meta))
+
+    def budget_decl(self, meta, c):
+        return ("budget", int(c[0]), _span(meta))
+
+    def determinism_decl(self, meta, c):
+        return ("determinism", ir.Determinism(setting=c[0], value=c[1], span=_span(meta)))
+
+    def rate_clock(self, meta, c):
+        name, rate, parent = c
+        node = ir.Clock(
+            name=str(name), kind="rate", rate=int(rate), parent=str(parent), span=_tok_span(name)
+        )
+        return ("clock", node)
+
+    def product_clock(self, meta, c):
+        node = ir.Clock(
+            name=str(c[0]), kind="product", factors=tuple(str(x) for x in c[1:]), span=_tok_span(c[0])
+        )
+        return ("clock", node)
+
+    def const_decl(self, meta, c):
+        return ("const", ir.Const(name=str(c[0]), expr=c[1], span=_tok_span(c[0])))
+
+    # ---- block properties
+    def _prop(key):
+        def handler(self, meta, c):
+            value = c[0] if len(c) == 1 else tuple(c)
+            if isinstance(value, Token):
+                value = str(value)
+            return _Prop(key, value, _span(meta))
+
+        return handler
+
+    prop_dtype = _prop("dtype")
+    prop_dims = _prop("dims")
+    prop_clock = _prop("clock")
+    prop_lifetime = _prop("lifetime")
+    prop_mutability = _prop("mutability")
+    prop_retention = _prop("retention")
+    prop_envelope = _prop("envelope")
+    prop_stock = _prop("stock")
+    prop_address = _prop("address")
+    prop_site = _prop("site")
+    prop_per = _prop("per")
+    prop_effects = _prop("effects")
+    prop_mode = _prop("mode")
+    prop_install = _prop("install")
+
+    def prop_note(self, meta, c):
+        return _Prop("note", str(c[0])[1:-1], _span(meta))
+
+    def until(self, meta, c):
+        return ("until", c[0])
+
+    def flush(self, meta, c):
+        return ("flush", tuple(c))
+
+    def prop_attended(self, meta, c):
+        start, stride, until, flush = c
+        node = ir.Attended(
+            start=start,
+            stride=stride,
+            until=until[1] if until else None,
+            flush=flush[1] if flush else (),
+            span=_span(meta),
+        )
+        return _Prop("attended", node, _span(meta))
+
+    def ring(self, meta, c):
+        return ir.Retention(kind="ring", params=(c[0],), span=_span(meta))
+
+    def window(self, meta, c):
+        return ir.Retention(kind="window", params=(c[0],), span=_span(meta))
+
+    def head_tail(self, meta, c):
+        return ir.Retention(kind="head_tail", params=(c[0], c[1]), span=_span(meta))
+
+    def region_arg(self, meta, c):
+        return ir.RegionArg(region=str(c[0]), span=_span(meta))
+
+    def tensor_arg(self, meta, c):
+        return ir.TensorArg(dtype=str(c[0]), dims=c[1], span=_span(meta))
+
+    def scalar_arg(self, meta, c):
+        return ir.ScalarArg(type=str(c[0]), span=_span(meta))
+
+    def prop_arg(self, meta, c):
+        return _Prop("args", ir.Arg(path=c[0], keyword=False, type=c[1], span=_span(meta)), _span(meta))
+
+    def prop_kwarg(self, meta, c):
+        return _Prop("args", ir.Arg(path=c[0], keyword=True, type=c[1], span=_span(meta)), _span(meta))
+
+    def prop_aliased(self, meta, c):
+        return _Prop("aliased", c[0], _span(meta))
+
+    def prop_writes(self, meta, c):
+        return _Prop("writes", c[0], _span(meta))
+
+    def prop_retains(self, meta, c):
+        node = ir.Retains(region=str(c[0]), source=c[1], span=_span(meta))
+        return _Prop("retains", node, _span(meta))
+
+    def config_vars(self, meta, c):
+        return tuple(str(x) for x in c)
+
+    def config_value(self, meta, c):
+        return tuple(c)
+
+    def config_values(self, meta, c):
+        return tuple(c)
+
+    def prop_config(self, meta, c):
+        names, values = c
+        return _Prop("configs", ir.Config(names=names, values=values, span=_span(meta)), _span(meta))
+
+    def condition(self, meta, c):
+        return ir.Condition(left=c[0], op=str(c[1]), right=c[2], span=_span(meta))
+
+    def prop_admit(self, meta, c):
+        return _Prop("admit", tuple(c), _span(meta))
+
+    # ---- blocks
+    _REPEATED = {"args", "retains", "configs"}
+    _LISTS = {"aliased", "writes"}
+
+    def _fold(self, kind: str, name_tok: Token, props: list[_Prop]) -> dict:
+        fields: dict = {"name": str(name_tok), "span": _tok_span(name_tok)}
+        spans: dict[str, Span] = {}
+        for p in props:
+            if p.key in self._REPEATED:
+                fields.setdefault(p.key, [])
+                fields[p.key].append(p.value)
+            elif p.key in self._LISTS:
+                fields.setdefault(p.key, [])
+                for item, item_span in p.value:
+                    fields[p.key].append(item)
+                    spans[f"{p.key}:{item}"] = item_span
+            elif p.key in fields:
+                self.diagnostics.append(
+                    error("CLK026", f"{kind} {name_tok} declares '{p.key}' twice", p.span)
+                )
+                continue
+            else:
+                fields[p.key] = p.value
+            spans.setdefault(p.key, p.span)
+        for key in list(fields):
+            if isinstance(fields[key], list):
+                fields[key] = tuple(fields[key])
+        if kind == "callable" and "admit" in fields:
+            fields["admit"] = tuple(fields["admit"])
+        fields["prop_spans"] = spans
+        return fields
+
+    def region_decl(self, meta, c):
+        return ("region", ir.Region(**self._fold("region", c[0], c[1:])))
+
+    def callable_decl(self, meta, c):
+        return ("callable", ir.Callable(**self._fold("callable", c[0], c[1:])))
+
+    def constant_decl(self, meta, c):
+        return ("constant", ir.HostConstant(**self._fold("constant", c[0], c[1:])))
+
+    def start(self, meta, items):
+        return items
+
+
+def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | None:
+    fields: dict = {
+        "determinism": [], "clocks": [], "consts": [], "regions": [], "callables": [], "constants": []
+    }
+    plural = {
+        "determinism": "determinism", "clock": "clocks", "const": "consts", "region": "regions",
+        "callable": "callables", "constant": "constants",
+    }
+    for item in items:
+        tag = item[0]
+        if tag in ("contract", "target", "budget"):
+            key = {"contract": "name", "target": "target", "budget": "budget"}[tag]
+            if key in fields:
+                diagnostics.append(error("CLK026", f"'{tag}' is declared twice", item[2]))
+                continue
+            fields[key] = item[1]
+            if tag == "contract":
+                fields["span"] = item[2]
+        else:
+            fields[plural[tag]].append(item[1])
+    if "name" not in fields:
+        diagnostics.append(
+            error("CLK004", "the contract has no `contract NAME` header", Span(1, 1))
+        )
+        return None
+    for key in plural.values():
+        fields[key] = tuple(fields[key])
+    return ir.Contract(**fields)
+
+
+def parse(text: str) -> tuple[ir.Contract | None, list[Diagnostic]]:
+    """Parse contract text. Returns (IR or None, diagnostics)."""
+    diagnostics: list[Diagnostic] = []
+
+    # LALR error recovery cascades into misleading follow-up errors, so a syntax
+    # error stops parsing; semantic errors (validation) are all reported at once.
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as exc:
+        return None, [_syntax_diagnostic(exc)]
+    transformer = _ToIR()
+    items = transformer.transform(tree)
+    diagnostics.extend(transformer.diagnostics)
+    contract = _fold_contract(items, diagnostics)
+    return contract, diagnostics

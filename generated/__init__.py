@@ -1,0 +1,1 @@
+"""Generated adapter packages (one per contract), written by `clockc compile`."""

@@ -1,0 +1,1 @@
+"""Jinja templates for generated adapter packages (package data)."""
