@@ -1,0 +1,101 @@
+"""duplexcadence.runtime — the model-agnostic exact-replay runtime.
+
+Generated adapters import only this package (and torch). It names no model,
+decoder or operator and never imports the compiler. Layers, one concept each:
+
+  regions      RegionSpec, Region: one allocation, one address, views by extent
+  retention    HeadTail, Window, Ring: integer plans + stock references
+  carry        CarryRegion: retention by in-place writeback, audit, snapshot/restore
+  cow          CopyOnWrite: shared immutable state, private copy on first write
+  audit        bitwise comparison and divergence records
+  signature    signature_of, CatalogDispatch, Miss and the miss reasons
+  classes      CaptureClass, TensorSpec, RegionView (catalog entries by example)
+  effects      Effect, host RNG snapshot/compare
+  backend      CudaGraphBackend, FakeGraphBackend (the only CUDA-graph code)
+  outputs      the output rule (regions as-is, everything else cloned)
+  replay       ExactShapeReplay: capture_all, admission, replay, counters
+  controls     disable switch, strict mode, ReplayMiss
+  determinism  pin_determinism, determinism_settings
+  telemetry    the "duplexcadence" logger, format_report
+"""
+
+from .audit import AuditRecord, bitwise_equal, first_difference
+from .backend import CudaGraphBackend, FakeGraphBackend, GraphBackend
+from .carry import CarryRegion
+from .classes import CaptureClass, RegionView, TensorSpec, materialize, staging_bytes
+from .controls import (
+    ReplayMiss,
+    replay_enabled,
+    replay_switch,
+    set_replay_enabled,
+    set_strict,
+    strict,
+    strict_mode,
+)
+from .cow import CopyOnWrite
+from .determinism import determinism_settings, pin_determinism
+from .effects import Effect
+from .outputs import OutputPlan
+from .regions import Region, RegionSpec
+from .replay import ExactShapeReplay
+from .retention import HeadTail, Retention, Ring, Segment, Window
+from .signature import CatalogDispatch, Miss, signature_and_leaves, signature_of
+from .telemetry import LOGGER, format_report
+
+__all__ = [
+    "AuditRecord",
+    "bitwise_equal",
+    "first_difference",
+    "CudaGraphBackend",
+    "FakeGraphBackend",
+    "GraphBackend",
+    "CarryRegion",
+    "CaptureClass",
+    "RegionView",
+    "TensorSpec",
+    "materialize",
+    "staging_bytes",
+    "ReplayMiss",
+    "replay_enabled",
+    "replay_switch",
+    "set_replay_enabled",
+    "set_strict",
+    "strict",
+    "strict_mode",
+    "CopyOnWrite",
+    "determinism_settings",
+    "pin_determinism",
+    "Effect",
+    "OutputPlan",
+    "Region",
+    "RegionSpec",
+    "ExactShapeReplay",
+    "HeadTail",
+    "Retention",
+    "Ring",
+    "Segment",
+    "Window",
+    "CatalogDispatch",
+    "Miss",
+    "signature_and_leaves",
+    "signature_of",
+    "LOGGER",
+    "format_report",
+]
+
+# Binding sites and the Binding record that generated bind() functions fill.
+from .binding import KNOWN_SETTINGS, Binding, apply_settings, infer_device  # noqa: E402
+from .sites import SiteError, get_at, has_site, replace_at, set_at, update_at  # noqa: E402
+
+__all__ += [
+    "KNOWN_SETTINGS",
+    "Binding",
+    "apply_settings",
+    "infer_device",
+    "SiteError",
+    "get_at",
+    "has_site",
+    "replace_at",
+    "set_at",
+    "update_at",
+]

@@ -1,0 +1,178 @@
+"""Graph backends: the only code that touches CUDA graphs and device generators.
+
+Contract of this layer: a backend can (a) say whether it can capture on a device,
+(b) give a memory pool, (c) read/write the device generator state, (d) run a
+callable eagerly the way warm-up must run (on the capture stream), and (e) capture
+a callable once, returning static outputs and a ``replay()``. ``ExactShapeReplay``
+holds all policy (admission, effects, transparency, counters); backends hold none.
+
+``CudaGraphBackend`` follows ``torch.cuda.make_graphed_callables``: warm-up on a
+side stream, capture on that stream into a (shared) pool. Device RNG state goes
+through ``get_rng_state``/``set_rng_state``, which write the default generator's
+seed and offset *in place* — the state object a graph registered at capture — so
+the first replay after a restore draws what eager would (measured on the H200;
+``graphsafe_set_state(clone_state())`` swaps the object and does not).
+
+``FakeGraphBackend`` runs on any device: "capture" calls the function once and
+keeps its outputs as the static outputs; "replay" calls it again on the static
+inputs and copies the results into those same static outputs, which reproduces
+the aliasing hazard the output rule guards against. It can stand in a
+``torch.Generator`` as the "device" generator so effect probing is testable on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+
+from .outputs import tree_leaves
+
+
+class Captured(Protocol):
+    outputs: Any
+
+    def replay(self) -> None: ...
+
+
+class GraphBackend(Protocol):
+    name: str
+
+    def available(self, device: torch.device) -> bool: ...
+    def new_pool(self, device: torch.device) -> Any: ...
+    def device_rng_state(self, device: torch.device) -> torch.Tensor | None: ...
+    def set_device_rng_state(self, state: torch.Tensor | None, device: torch.device) -> None: ...
+    def memory(self, device: torch.device) -> tuple[int | None, int | None]: ...
+    def run_eager(
+        self, fn: Callable, args: tuple, kwargs: dict, device: torch.device, n: int
+    ) -> Any: ...
+    def capture(
+        self, fn: Callable, args: tuple, kwargs: dict, device: torch.device, pool: Any
+    ) -> Captured: ...
+
+
+class _CudaCaptured:
+    def __init__(self, graph: "torch.cuda.CUDAGraph", outputs: Any) -> None:
+        self.graph = graph
+        self.outputs = outputs
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaGraphBackend:
+    name = "cuda_graph"
+
+    def __init__(self) -> None:
+        self._side: dict[int, torch.cuda.Stream] = {}
+
+    def available(self, device: torch.device) -> bool:
+        return device.type == "cuda" and torch.cuda.is_available()
+
+    def _stream(self, device: torch.device) -> "torch.cuda.Stream":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx not in self._side:
+            self._side[idx] = torch.cuda.Stream(device=idx)
+        return self._side[idx]
+
+    def new_pool(self, device: torch.device) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def device_rng_state(self, device: torch.device) -> torch.Tensor | None:
+        return torch.cuda.get_rng_state(device)
+
+    def set_device_rng_state(self, state: torch.Tensor | None, device: torch.device) -> None:
+        if state is not None:
+            torch.cuda.set_rng_state(state, device)
+
+    def memory(self, device: torch.device) -> tuple[int | None, int | None]:
+        return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+
+    def run_eager(
+        self, fn: Callable, args: tuple, kwargs: dict, device: torch.device, n: int
+    ) -> Any:
+        out = None
+        with torch.cuda.device(device):
+            side = self._stream(device)
+            cur = torch.cuda.current_stream(device)
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                for _ in range(n):
+                    out = fn(*args, **kwargs)
+            cur.wait_stream(side)
+            # Capture is offline: a full sync keeps the next phase simple.
+            torch.cuda.synchronize(device)
+        return out
+
+    def capture(
+        self, fn: Callable, args: tuple, kwargs: dict, device: torch.device, pool: Any
+    ) -> Captured:
+        with torch.cuda.device(device):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=self._stream(device)):
+                out = fn(*args, **kwargs)
+            torch.cuda.synchronize(device)
+        return _CudaCaptured(graph, out)
+
+
+class _FakeCaptured:
+    def __init__(
+        self, backend: "FakeGraphBackend", fn: Callable, args: tuple, kwargs: dict, outputs: Any
+    ):
+        self.backend = backend
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.outputs = outputs
+
+    def replay(self) -> None:
+        self.backend.replays += 1
+        fresh = self.fn(*self.args, **self.kwargs)
+        for static, new in zip(tree_leaves(self.outputs), tree_leaves(fresh)):
+            # A real graph writes its outputs at fixed addresses: emulate that.
+            if isinstance(static, torch.Tensor) and static.data_ptr() != new.data_ptr():
+                static.copy_(new)
+
+
+class FakeGraphBackend:
+    name = "fake"
+
+    def __init__(self, device_generator: torch.Generator | None = None) -> None:
+        self.device_generator = device_generator
+        self.captures = 0
+        self.replays = 0
+        self.eager_runs = 0
+        self.fail_next_captures = 0  # the next n captures raise (capture-failure tests)
+
+    def available(self, device: torch.device) -> bool:
+        return True
+
+    def new_pool(self, device: torch.device) -> Any:
+        return ("fake-pool", id(self))
+
+    def device_rng_state(self, device: torch.device) -> torch.Tensor | None:
+        return None if self.device_generator is None else self.device_generator.get_state()
+
+    def set_device_rng_state(self, state: torch.Tensor | None, device: torch.device) -> None:
+        if state is not None and self.device_generator is not None:
+            self.device_generator.set_state(state)
+
+    def memory(self, device: torch.device) -> tuple[int | None, int | None]:
+        return None, None
+
+    def run_eager(
+        self, fn: Callable, args: tuple, kwargs: dict, device: torch.device, n: int
+    ) -> Any:
+        out = None
+        for _ in range(n):
+            self.eager_runs += 1
+            out = fn(*args, **kwargs)
+        return out
+
+    def capture(
+        self, fn: Callable, args: tuple, kwargs: dict, device: torch.device, pool: Any
+    ) -> Captured:
+        if self.fail_next_captures > 0:
+            self.fail_next_captures -= 1
+            raise RuntimeError("simulated capture failure")
+        self.captures += 1
+        out = fn(*args, **kwargs)
+        return _FakeCaptured(self, fn, args, kwargs, out)

@@ -1,0 +1,116 @@
+"""What `bind()` installed on a model: regions, carries, replays, constants.
+
+Generated adapters fill one `Binding` and hand it back, so serving code can read
+counters, print a report, or undo the binding. Model-agnostic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from duplexcadence.runtime.sites import Step, format_path, set_at
+
+
+@dataclass
+class Binding:
+    contract: str
+    device: Any
+    determinism: dict = field(default_factory=dict)
+    regions: dict[str, Any] = field(default_factory=dict)
+    replays: dict[str, Any] = field(default_factory=dict)
+    eager: dict[str, str] = field(default_factory=dict)  # callable -> why it stays eager
+    constants: dict[str, str] = field(default_factory=dict)  # host constant -> what was done
+    _undo: list[tuple[Any, tuple[Step, ...], Any]] = field(default_factory=list, repr=False)
+
+    def remember(self, obj: Any, steps: tuple[Step, ...], old: Any) -> None:
+        self._undo.append((obj, steps, old))
+
+    def unbind(self) -> None:
+        """Put back every stock attribute that bind() replaced (regions stay allocated)."""
+        while self._undo:
+            obj, steps, old = self._undo.pop()
+            set_at(obj, steps, old)
+
+    def stats(self) -> dict:
+        return {
+            "contract": self.contract,
+            "device": str(self.device),
+            "determinism": self.determinism,
+            "callables": {name: r.stats() for name, r in self.replays.items()},
+            "eager": dict(self.eager),
+            "regions": {name: _region_stats(r) for name, r in self.regions.items()},
+            "constants": dict(self.constants),
+        }
+
+    def report(self) -> str:
+        lines = [f"duplexcadence binding of contract {self.contract} on {self.device}"]
+        for name, region in self.regions.items():
+            s = _region_stats(region)
+            lines.append(f"  region {name}: {s['shape']} {s['dtype']} {s['mib']:.1f} MiB at {s['data_ptr']:#x}")
+        for name, replay in self.replays.items():
+            s = replay.stats()
+            lines.append(f"  callable {name}: {s}")
+        for name, why in self.eager.items():
+            lines.append(f"  callable {name}: eager ({why})")
+        for name, what in self.constants.items():
+            lines.append(f"  constant {name}: {what}")
+        return "\n".join(lines)
+
+
+def _region_stats(region: Any) -> dict:
+    t = region.tensor
+    out = {
+        "shape": tuple(t.shape),
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "mib": t.numel() * t.element_size() / 2**20,
+        "data_ptr": t.data_ptr(),
+    }
+    for counter in ("adoptions", "audit_divergences"):
+        if hasattr(region, counter):
+            out[counter] = getattr(region, counter)
+    return out
+
+
+__all__ = ["Binding", "format_path"]
+
+
+# Determinism settings a contract may pin, by the name it uses for them.
+_SETTINGS = {
+    "cudnn.deterministic": ("backends.cudnn", "deterministic"),
+    "cudnn.benchmark": ("backends.cudnn", "benchmark"),
+    "cudnn.allow_tf32": ("backends.cudnn", "allow_tf32"),
+    "cuda.matmul.allow_tf32": ("backends.cuda.matmul", "allow_tf32"),
+}
+KNOWN_SETTINGS = frozenset(_SETTINGS)
+
+
+def apply_settings(settings: dict) -> dict:
+    """Set the declared determinism flags on torch and return what is now in force."""
+    import torch
+
+    record = {}
+    for name, value in settings.items():
+        if name not in _SETTINGS:
+            raise ValueError(f"unknown determinism setting {name!r}; known: {sorted(_SETTINGS)}")
+        owner_path, attr = _SETTINGS[name]
+        owner = torch
+        for part in owner_path.split("."):
+            owner = getattr(owner, part)
+        setattr(owner, attr, value)
+        record[name] = getattr(owner, attr)
+    record["torch"] = torch.__version__
+    record["cuda"] = torch.version.cuda
+    return record
+
+
+def infer_device(model: Any):
+    """The device of the first parameter or buffer found on `model` (or its attributes)."""
+    import torch
+
+    candidates = [model] + [v for v in vars(model).values()] if hasattr(model, "__dict__") else [model]
+    for obj in candidates:
+        if isinstance(obj, torch.nn.Module):
+            for t in list(obj.parameters()) + list(obj.buffers()):
+                return t.device
+    return torch.device("cpu")

@@ -1,0 +1,120 @@
+"""Capture class descriptions, as generated code writes them.
+
+Contract of this layer: a ``CaptureClass`` names one catalog entry by example —
+its argument structure with tensor leaves described, not given:
+  * ``TensorSpec`` — a *staged* input: the engine allocates a static buffer of
+    exactly this shape/stride/dtype (and alignment, via ``offset``) on the device;
+    every replay copies the caller's tensor into it.
+  * ``RegionView`` — an *aliased* input: the named region's own view at that
+    extent. No staging buffer and no copy; admission pins its pointer instead.
+  * plain Python scalars / dtypes / enums — keyed by value in the signature.
+``materialize`` turns a description into real arguments; the class's signature is
+then computed from those arguments with the same ``signature_of`` that runs on
+live calls, so generated code and live traffic can never disagree on the key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from .regions import Region
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    fill: str | int | float = "zeros"  # "zeros" | "randn" | a constant
+    stride: tuple[int, ...] | None = None  # None: contiguous
+    offset: int = 0  # elements into a backing buffer; reproduces a view's alignment
+
+    def materialize(self, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+        shape = tuple(int(d) for d in self.shape)
+        stride = self.stride
+        if stride is None:
+            stride = torch.empty(shape, device="meta").stride()
+        span = 0 if 0 in shape else 1 + sum((d - 1) * s for d, s in zip(shape, stride))
+        base = torch.empty(self.offset + span, dtype=self.dtype, device=device)
+        if self.fill == "zeros":
+            base.zero_()
+        elif self.fill == "randn":
+            if not self.dtype.is_floating_point:
+                raise ValueError(f"fill='randn' needs a floating dtype, got {self.dtype}")
+            base.normal_(generator=generator)
+        elif isinstance(self.fill, (int, float)) and not isinstance(self.fill, bool):
+            base.fill_(self.fill)
+        else:
+            raise ValueError(f"unknown fill {self.fill!r}")
+        return base.as_strided(shape, stride, self.offset)
+
+
+@dataclass(frozen=True)
+class RegionView:
+    region: str
+    extent: int | None = None  # None: the whole region (no clock axis)
+
+
+@dataclass(frozen=True)
+class CaptureClass:
+    name: str
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def materialize(
+    cls: CaptureClass,
+    regions: Mapping[str, Region],
+    device: torch.device,
+    generator: torch.Generator | None,
+) -> tuple[tuple, dict, set[int]]:
+    """Concrete (args, kwargs) for ``cls`` and the ids of the aliased leaves."""
+    aliased: set[int] = set()
+
+    def mat(x: Any) -> Any:
+        if isinstance(x, TensorSpec):
+            return x.materialize(device, generator)
+        if isinstance(x, RegionView):
+            if x.region not in regions:
+                raise KeyError(f"class {cls.name}: unknown region {x.region!r}")
+            r = regions[x.region]
+            t = r.tensor if x.extent is None else r.view(x.extent)
+            aliased.add(id(t))
+            return t
+        if isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"class {cls.name}: give a TensorSpec or RegionView, not a tensor "
+                "(a concrete tensor would be captured by identity and staged by accident)"
+            )
+        if type(x) in (tuple, list):
+            return type(x)(mat(i) for i in x)
+        if type(x) is dict:
+            return {k: mat(v) for k, v in x.items()}
+        return x
+
+    args = tuple(mat(a) for a in cls.args)
+    kwargs = {k: mat(v) for k, v in cls.kwargs.items()}
+    return args, kwargs, aliased
+
+
+def staging_bytes(cls: CaptureClass) -> int:
+    """Bytes of static staging this class needs (the first term of the reserve)."""
+    total = 0
+
+    def walk(x: Any) -> None:
+        nonlocal total
+        if isinstance(x, TensorSpec):
+            total += math.prod(x.shape) * torch.empty((), dtype=x.dtype).element_size()
+        elif type(x) in (tuple, list):
+            for i in x:
+                walk(i)
+        elif type(x) is dict:
+            for v in x.values():
+                walk(v)
+
+    walk(cls.args)
+    walk(dict(cls.kwargs))
+    return total

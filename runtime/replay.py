@@ -1,0 +1,376 @@
+"""ExactShapeReplay: one graph per exact catalog signature, admitted fail-closed.
+
+Contract of this layer. Given a callable, its catalog (``CaptureClass`` list, in
+the order generated code fixed), the regions it aliases and the write-through
+buffers it writes, the engine:
+
+* ``capture_all()`` — before traffic, once, in list order: materialises each
+  class, probes it with one eager call (effect classification), warms it up on the
+  capture stream, and captures one graph at exactly those shapes into ONE pool
+  (shared with other replays if ``pool`` is given). Capture is transparent: host
+  and device RNG state and the contents of every region and write-through buffer
+  are snapshotted once and restored after each class, so what the caller observes
+  after ``capture_all`` equals what it observed before. (Python-level side effects
+  of the callable cannot be rewound; contracts must not rely on them.)
+* ``__call__`` — admission, fail closed, from integers and enums only:
+  (i) the signature is in the catalog; (ii) every write-through buffer is where it
+  was at capture (pointer, shape, stride, dtype — checked on *every* call; drift
+  drops the class and logs an invalidation) and every aliased input is the
+  region's recorded pointer; (iii) the effect was classified at capture (host RNG
+  or a declaration that disagrees with the probe rejects the callable for good).
+  A hit stages non-aliased inputs into the static buffers with ``copy_``, replays,
+  and hands outputs back under the rule in ``outputs.py``. Anything else runs
+  eager, counted by reason; strict mode raises ``ReplayMiss`` instead.
+* Device RNG: the graph reads seed/offset from the default generator at replay
+  and advances the offset by the captured increment, exactly as eager calls
+  advance it; restoring the generator in place after capture (never swapping the
+  state object) makes the first replay draw what eager would have.
+* Replays carry no autograd history, so calls with grad mode on run eager
+  (``grad_enabled``): wrap serving code in ``torch.inference_mode()`` or
+  ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from . import signature as R
+from .backend import CudaGraphBackend, GraphBackend
+from .classes import CaptureClass, materialize, staging_bytes
+from .controls import ReplayMiss, replay_enabled, strict_mode
+from .effects import Effect, classify, host_rng_restore, host_rng_snapshot
+from .outputs import OutputPlan
+from .regions import Region
+from .signature import CatalogDispatch, Miss, is_unkeyable, signature_and_leaves
+from .telemetry import LOGGER
+
+
+@dataclass
+class _Entry:
+    index: int
+    cls: CaptureClass
+    status: str = "pending"  # pending | captured | failed | invalidated | rejected
+    sig: tuple | None = None
+    captured: Any = None
+    plan: OutputPlan | None = None
+    inputs: tuple = ()  # (args, kwargs) kept alive: the graph reads these buffers
+    staged: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    aliased: list[tuple[int, int]] = field(default_factory=list)
+    hits: int = 0
+    warmup_s: float = 0.0
+    capture_s: float = 0.0
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    detail: str = ""
+
+
+def _buffer_key(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+
+
+class ExactShapeReplay:
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        name: str,
+        classes: list[CaptureClass],
+        regions: Mapping[str, Region],
+        write_through: Mapping[str, Callable[[], torch.Tensor]] | None = None,
+        declared_effect: Effect = Effect.NONE,
+        device: torch.device | str,
+        warmup: int = 2,
+        pool: Any = None,
+        backend: GraphBackend | None = None,
+    ) -> None:
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{name}: duplicate class names in {names}")
+        self.fn = fn
+        self.name = name
+        self.classes = list(classes)
+        self.regions = dict(regions)
+        self.write_through = dict(write_through or {})
+        self.declared_effect = declared_effect
+        self.device = torch.device(device)
+        self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
+        self.pool = pool
+        self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
+        self.effect: Effect | None = None
+        self.rejected: str | None = None
+        self.captured = False
+        self.hits = 0
+        self.misses: Counter[str] = Counter()
+        self.invalidations = 0
+        self.invalidation_log: list[str] = []
+        self._entries = [_Entry(i, c) for i, c in enumerate(self.classes)]
+        self._dispatch = CatalogDispatch({})
+        self._wt: list[tuple[str, Callable[[], torch.Tensor], tuple]] = []
+
+    # ================================================================ capture
+    def capture_all(self, progress: bool = True) -> "ExactShapeReplay":
+        if self.captured:
+            return self  # capture happens once per binding
+        if not replay_enabled():
+            LOGGER.info("%s: replay disabled, nothing captured", self.name)
+            return self
+        self.captured = True
+        if not self.backend.available(self.device):
+            self.rejected = R.NO_CUDA
+            for e in self._entries:
+                e.status = "rejected"
+            LOGGER.info("%s: no CUDA on %s; every call runs eager", self.name, self.device)
+            return self
+        if self.pool is None:
+            self.pool = self.backend.new_pool(self.device)
+        self._wt = [(n, g, _buffer_key(g())) for n, g in self.write_through.items()]
+        snap = self._snapshot()
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(0)  # staging fill only; never the global generators
+        keys: dict[tuple, int] = {}
+        with _progress(progress, f"capturing {self.name}", len(self._entries)) as advance:
+            for e in self._entries:
+                if self.rejected is None:
+                    self._capture_one(e, gen, snap, keys)
+                else:
+                    e.status = "rejected"
+                advance()
+        failed = {e.sig: R.CAPTURE_FAILED for e in self._entries if e.status == "failed" and e.sig}
+        self._dispatch = CatalogDispatch(keys, dropped=failed)
+        s = self.stats()
+        LOGGER.info(
+            "%s: captured %d/%d classes in %.3f s (+%.3f s warm-up), effect %s%s",
+            self.name,
+            len(keys),
+            len(self._entries),
+            s["capture_s"],
+            s["warmup_s"],
+            s["effect"],
+            f", rejected: {self.rejected}" if self.rejected else "",
+        )
+        return self
+
+    def _capture_one(self, e: _Entry, gen: torch.Generator, snap: dict, keys: dict) -> None:
+        args, kwargs, aliased_ids = materialize(e.cls, self.regions, self.device, gen)
+        sig, leaves = signature_and_leaves(args, kwargs)
+        if is_unkeyable(sig):
+            e.status, e.detail = "failed", f"unkeyable argument {sig[1]}"
+            LOGGER.warning("%s[%s]: %s", self.name, e.cls.name, e.detail)
+            return
+        if sig in keys:
+            raise ValueError(
+                f"{self.name}: classes {self._entries[keys[sig]].cls.name!r} and "
+                f"{e.cls.name!r} have the same signature"
+            )
+        e.sig = sig
+        e.aliased = [(i, t.data_ptr()) for i, t in enumerate(leaves) if id(t) in aliased_ids]
+        e.staged = [(i, t) for i, t in enumerate(leaves) if id(t) not in aliased_ids]
+        dev, b = self.device, self.backend
+        try:
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
+                b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
+                effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
+                self._restore(snap)
+                if effect is Effect.HOST_RNG:
+                    self._reject(R.HOST_RNG, f"class {e.cls.name} draws host randomness")
+                    e.status = "rejected"
+                    return
+                if effect is not self.declared_effect:
+                    self._reject(
+                        R.EFFECT_MISMATCH,
+                        f"class {e.cls.name}: probe saw {effect.value}, "
+                        f"declared {self.declared_effect.value}",
+                    )
+                    e.status = "rejected"
+                    return
+                self.effect = effect
+                if self.warmup > 1:
+                    b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
+                    self._restore(snap)
+                e.warmup_s = time.perf_counter() - t0
+                a0, r0 = b.memory(dev)
+                t1 = time.perf_counter()
+                e.captured = b.capture(self.fn, args, kwargs, dev, self.pool)
+                e.capture_s = time.perf_counter() - t1
+                a1, r1 = b.memory(dev)
+        except Exception as exc:  # fail closed: this class stays eager
+            e.status, e.detail = "failed", f"{type(exc).__name__}: {exc}"
+            LOGGER.warning(
+                "%s[%s]: capture failed (%s); class runs eager", self.name, e.cls.name, e.detail
+            )
+            return
+        finally:
+            self._restore(snap)
+        if a0 is not None and a1 is not None:
+            e.allocated_bytes = a1 - a0
+        if r0 is not None and r1 is not None:
+            e.reserved_bytes = r1 - r0
+        kept = [r.storage_ptr() for r in self.regions.values()]
+        kept += [g().untyped_storage().data_ptr() for g in self.write_through.values()]
+        e.plan = OutputPlan(e.captured.outputs, kept)
+        e.inputs = (args, kwargs)
+        e.status = "captured"
+        keys[sig] = e.index
+
+    def _snapshot(self) -> dict:
+        bufs = {f"region:{n}": r.tensor for n, r in self.regions.items()}
+        bufs.update({f"write_through:{n}": g() for n, g in self.write_through.items()})
+        return {
+            "host": host_rng_snapshot(),
+            "device": self.backend.device_rng_state(self.device),
+            "buffers": {k: (t, t.clone()) for k, t in bufs.items()},
+            "python": {n: r._host_state() for n, r in self.regions.items()},
+        }
+
+    def _restore(self, snap: dict) -> None:
+        for live, saved in snap["buffers"].values():
+            live.copy_(saved)
+        for n, st in snap["python"].items():
+            self.regions[n]._set_host_state(st)
+        host_rng_restore(snap["host"])
+        self.backend.set_device_rng_state(snap["device"], self.device)
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.rejected = reason
+        LOGGER.warning(
+            "%s: rejected for replay (%s): %s; every call runs eager", self.name, reason, detail
+        )
+
+    # ================================================================== calls
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not replay_enabled():
+            return self._eager(R.DISABLED, args, kwargs)
+        if self.rejected is not None:
+            return self._eager(self.rejected, args, kwargs)
+        if not self.captured:
+            return self._eager(R.NOT_CAPTURED, args, kwargs)
+        if torch.is_grad_enabled():
+            return self._eager(R.GRAD_ENABLED, args, kwargs)
+        sig, leaves = signature_and_leaves(args, kwargs)
+        hit = self._dispatch.lookup(sig)
+        if type(hit) is Miss:
+            return self._eager(hit.reason, args, kwargs)
+        e = self._entries[hit]  # type: ignore[index]
+        for wname, getter, key in self._wt:
+            now = _buffer_key(getter())
+            if now != key:
+                self._invalidate(e, wname, key, now)
+                return self._eager(R.WRITE_THROUGH_POINTER, args, kwargs)
+        for i, ptr in e.aliased:
+            if leaves[i].data_ptr() != ptr:
+                return self._eager(R.ALIASED_POINTER, args, kwargs)
+        for i, buf in e.staged:
+            buf.copy_(leaves[i])
+        e.captured.replay()
+        e.hits += 1
+        self.hits += 1
+        return e.plan.hand_back()  # type: ignore[union-attr]
+
+    def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        self.misses[reason] += 1
+        if self.misses[reason] == 1:
+            LOGGER.info("%s: first eager fallback for reason %s", self.name, reason)
+        if reason != R.DISABLED and strict_mode():
+            raise ReplayMiss(self.name, reason)
+        return self.fn(*args, **kwargs)
+
+    def _invalidate(self, e: _Entry, wname: str, was: tuple, now: tuple) -> None:
+        msg = (
+            f"{self.name}[{e.cls.name}]: write-through buffer {wname} moved "
+            f"(ptr 0x{was[0]:x} shape {was[1]} -> ptr 0x{now[0]:x} shape {now[1]}); class dropped"
+        )
+        self._dispatch.drop(e.sig, R.INVALIDATED)  # type: ignore[arg-type]
+        e.status, e.detail = "invalidated", msg
+        e.captured = e.plan = None  # release the graph; its pool blocks are reusable
+        self.invalidations += 1
+        self.invalidation_log.append(msg)
+        LOGGER.warning("invalidation: %s", msg)
+
+    # ============================================================== telemetry
+    def stats(self) -> dict:
+        cls = [
+            {
+                "name": e.cls.name,
+                "status": e.status,
+                "hits": e.hits,
+                "warmup_s": e.warmup_s,
+                "capture_s": e.capture_s,
+                "allocated_bytes": e.allocated_bytes,
+                "reserved_bytes": e.reserved_bytes,
+                "staging_bytes": staging_bytes(e.cls),
+                "detail": e.detail,
+            }
+            for e in self._entries
+        ]
+
+        def total(k: str) -> int | None:
+            vals = [c[k] for c in cls if c[k] is not None]
+            return sum(vals) if vals else None
+
+        return {
+            "kind": "replay",
+            "name": self.name,
+            "device": str(self.device),
+            "backend": self.backend.name,
+            "captured": self.captured,
+            "effect": "unclassified" if self.effect is None else self.effect.value,
+            "declared_effect": self.declared_effect.value,
+            "rejected": self.rejected,
+            "hits": self.hits,
+            "misses": dict(self.misses),
+            "eager_calls": sum(self.misses.values()),
+            "invalidations": self.invalidations,
+            "warmup_s": sum(c["warmup_s"] for c in cls),
+            "capture_s": sum(c["capture_s"] for c in cls),
+            "capture_allocated_bytes": total("allocated_bytes"),
+            "capture_reserved_bytes": total("reserved_bytes"),
+            # Reserve of replay (DESIGN eq. 6): staging of non-aliased inputs over
+            # all classes + the frozen envelopes of write-through buffers.
+            "staging_bytes": sum(c["staging_bytes"] for c in cls),
+            "write_through_bytes": sum(
+                g().untyped_storage().nbytes() for g in self.write_through.values()
+            ),
+            "classes": cls,
+        }
+
+
+class _progress:
+    """A rich progress bar on stderr, or nothing when quiet."""
+
+    def __init__(self, enabled: bool, label: str, total: int) -> None:
+        self.enabled, self.label, self.total = enabled, label, total
+        self._bar: Any = None
+
+    def __enter__(self) -> Callable[[], None]:
+        if not self.enabled:
+            return lambda: None
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self._bar.__enter__()
+        task = self._bar.add_task(self.label, total=self.total)
+        return lambda: self._bar.advance(task)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)

@@ -1,0 +1,169 @@
+"""Call signatures and the pure catalog dispatch.
+
+Contract of this layer: ``signature_of(args, kwargs)`` turns a call into a
+hashable key built only from ints, strs, bools and enum members. It never reads
+tensor *data* and never synchronises the device: every field comes from tensor
+metadata (shape, stride, dtype, device, requires_grad) or host objects.
+``CatalogDispatch`` maps such a key to a captured class or to a ``Miss`` carrying
+the reason. Both are pure, so admission clause (i) is unit-testable on CPU.
+
+What a tensor contributes, and why:
+  * shape, stride, dtype, device type and index — they fix the kernels a graph
+    recorded; any change must miss.
+  * requires_grad — eager autograd would record history that a replay cannot.
+  * ``data_ptr() % 16`` (alignment class), *not* ``storage_offset``: staged inputs
+    are copied into the captured buffer, so the caller's offset never reaches the
+    graph, and aliased inputs are pinned by their exact pointer in admission
+    clause (ii). But vectorised kernels dispatch on pointer alignment, so an eager
+    call on a misaligned view could take a different kernel than the one captured;
+    keying the alignment class keeps that call out of the graph (fail closed).
+Scalars contribute (type name, value); floats by ``float.hex`` so -0.0, 0.0 and NaN
+are distinct, exact keys. Tuples, lists and dicts recurse (dict keys must be str
+or int; they are sorted, as are kwargs, so keyword order does not matter). Any
+other object makes the whole signature *unkeyable*: it always misses with reason
+``unkeyable_argument`` rather than guessing at an identity.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable, Mapping
+
+import torch
+
+# Miss reasons (counter keys). Strings, so they read well in stats dicts.
+SIGNATURE = "signature"
+UNKEYABLE_ARGUMENT = "unkeyable_argument"
+ALIASED_POINTER = "aliased_pointer"
+WRITE_THROUGH_POINTER = "write_through_pointer"
+INVALIDATED = "invalidated"
+CAPTURE_FAILED = "capture_failed"
+NOT_CAPTURED = "not_captured"
+HOST_RNG = "host_rng"
+EFFECT_MISMATCH = "effect_mismatch"
+NO_CUDA = "no_cuda"
+DISABLED = "disabled"
+GRAD_ENABLED = "grad_enabled"
+
+
+class Key(enum.Enum):
+    UNKEYABLE = "unkeyable"
+
+
+@dataclass(frozen=True)
+class Miss:
+    reason: str
+
+
+def signature_and_leaves(
+    args: tuple, kwargs: Mapping[str, Any]
+) -> tuple[tuple, list[torch.Tensor]]:
+    """The call's signature and its tensor leaves, in signature order.
+
+    The leaves let replay stage inputs by position without walking the
+    arguments twice."""
+    leaves: list[torch.Tensor] = []
+    bad: list[str] = []
+
+    def enc(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.layout is not torch.strided:
+                bad.append(f"tensor layout {x.layout}")
+                return None
+            dev = x.device
+            leaves.append(x)
+            return (
+                "T",
+                tuple(x.shape),
+                x.stride(),
+                str(x.dtype),
+                dev.type,
+                -1 if dev.index is None else dev.index,
+                x.requires_grad,
+                x.data_ptr() % 16,
+            )
+        t = type(x)
+        if x is None:
+            return ("None",)
+        if t is bool or t is int or t is str:
+            return (t.__name__, x)
+        if t is float:
+            return ("float", x.hex())
+        if isinstance(x, enum.Enum):
+            return ("enum", t.__module__, t.__qualname__, x.name)
+        if t is torch.dtype:
+            return ("dtype", str(x))
+        if t is torch.device:
+            return ("device", x.type, -1 if x.index is None else x.index)
+        if t is tuple or t is list:
+            return (t.__name__, tuple(enc(i) for i in x))
+        if t is dict:
+            if not all(type(k) in (str, int) for k in x):
+                bad.append("dict with non-str/int keys")
+                return None
+            items = sorted(x.items(), key=lambda kv: (type(kv[0]).__name__, kv[0]))
+            return ("dict", tuple((k, enc(v)) for k, v in items))
+        bad.append(f"{t.__module__}.{t.__qualname__}")
+        return None
+
+    sig = (enc(tuple(args)), tuple((k, enc(kwargs[k])) for k in sorted(kwargs)))
+    if bad:
+        return (Key.UNKEYABLE, bad[0]), leaves
+    return sig, leaves
+
+
+def signature_of(args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+    return signature_and_leaves(args, kwargs)[0]
+
+
+def is_unkeyable(sig: tuple) -> bool:
+    return len(sig) > 0 and sig[0] is Key.UNKEYABLE
+
+
+_ABSENT = object()
+
+
+class CatalogDispatch:
+    """signature → class key, or ``Miss(reason)``; dropped classes remember why."""
+
+    def __init__(
+        self,
+        keys: Mapping[tuple, Hashable] | Iterable[tuple[tuple, Hashable]],
+        dropped: Mapping[tuple, str] | None = None,
+    ) -> None:
+        items = keys.items() if isinstance(keys, Mapping) else keys
+        self._keys: dict[tuple, Hashable] = {}
+        for sig, key in items:
+            if is_unkeyable(sig):
+                raise ValueError(f"cannot enter an unkeyable signature in a catalog: {sig[1]}")
+            if sig in self._keys:
+                raise ValueError(f"duplicate signature for classes {self._keys[sig]!r} and {key!r}")
+            self._keys[sig] = key
+        # Known signatures that must miss with a specific reason (capture failed,
+        # invalidated) rather than the generic "signature".
+        self._dropped: dict[tuple, str] = {
+            s: r for s, r in (dropped or {}).items() if s not in self._keys
+        }
+
+    def lookup(self, sig: tuple) -> Hashable | Miss:
+        if is_unkeyable(sig):
+            return Miss(UNKEYABLE_ARGUMENT)
+        key = self._keys.get(sig, _ABSENT)
+        if key is _ABSENT:
+            return Miss(self._dropped.get(sig, SIGNATURE))
+        return key
+
+    def drop(self, sig: tuple, reason: str) -> None:
+        """Remove a class; later lookups of its signature miss with ``reason``."""
+        if self._keys.pop(sig, _ABSENT) is not _ABSENT:
+            self._dropped[sig] = reason
+
+    def __contains__(self, sig: tuple) -> bool:
+        return sig in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def keys(self) -> list[tuple]:
+        return list(self._keys)

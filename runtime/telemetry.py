@@ -1,0 +1,111 @@
+"""Telemetry: the one logger and the printable report.
+
+Contract of this layer: everything the runtime says goes through the logger named
+``"duplexcadence"`` (configure it like any other ``logging`` logger), and
+``format_report`` renders the ``stats()`` dicts of replays and regions as plain
+text tables (rich, no colour codes, so it pastes into issues and CI logs). The
+dicts themselves are the machine-readable form.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Iterable
+
+LOGGER = logging.getLogger("duplexcadence")
+
+_MIB = 1024 * 1024
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / _MIB:.2f}"
+
+
+def format_report(items: Iterable[object], width: int = 120) -> str:
+    """Render replays and regions (anything with ``.stats()``) as text tables."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    def table(title: str) -> Table:  # ASCII borders paste cleanly into CI logs
+        return Table(title=title, box=box.ASCII2)
+
+    stats = [it.stats() if hasattr(it, "stats") else dict(it) for it in items]  # type: ignore[arg-type]
+    replays = [s for s in stats if s.get("kind") == "replay"]
+    regions = [s for s in stats if s.get("kind") in ("region", "carry")]
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    if replays:
+        t = table("exact-shape replay")
+        for col in (
+            "callable",
+            "effect",
+            "classes",
+            "hits",
+            "misses",
+            "invalid.",
+            "capture s",
+            "pool MiB",
+        ):
+            t.add_column(
+                col, justify="left" if col in ("callable", "effect", "misses") else "right"
+            )
+        for s in replays:
+            misses = ", ".join(f"{k}={v}" for k, v in sorted(s["misses"].items())) or "0"
+            captured = sum(1 for c in s["classes"] if c["status"] == "captured")
+            t.add_row(
+                s["name"],
+                s["effect"] + (f" (rejected: {s['rejected']})" if s["rejected"] else ""),
+                f"{captured}/{len(s['classes'])}",
+                str(s["hits"]),
+                misses,
+                str(s["invalidations"]),
+                f"{s['capture_s']:.3f}",
+                _mib(s["capture_reserved_bytes"]),
+            )
+        console.print(t)
+        for s in replays:
+            if not s["classes"]:
+                continue
+            ct = table(f"{s['name']}: classes")
+            for col in ("class", "status", "hits", "capture s", "alloc MiB", "reserved MiB"):
+                ct.add_column(col, justify="left" if col in ("class", "status") else "right")
+            for c in s["classes"]:
+                ct.add_row(
+                    c["name"],
+                    c["status"],
+                    str(c["hits"]),
+                    f"{c['capture_s']:.3f}",
+                    _mib(c["allocated_bytes"]),
+                    _mib(c["reserved_bytes"]),
+                )
+            console.print(ct)
+    if regions:
+        rt = table("regions")
+        for col in (
+            "region",
+            "shape",
+            "dtype",
+            "MiB",
+            "retention",
+            "retains",
+            "adoptions",
+            "audit div.",
+        ):
+            rt.add_column(
+                col, justify="left" if col in ("region", "shape", "dtype", "retention") else "right"
+            )
+        for s in regions:
+            rt.add_row(
+                s["name"],
+                "x".join(map(str, s["shape"])),
+                s["dtype"],
+                _mib(s["nbytes"]),
+                s.get("retention", "-"),
+                str(s.get("retains", "-")),
+                str(s.get("adoptions", "-")),
+                "-" if not s.get("audit") else str(s["audit_divergences"]),
+            )
+        console.print(rt)
+    return buf.getvalue()

@@ -1,0 +1,106 @@
+"""The clockc CLI as a user drives it: check, compile, --check drift, JSON, help."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from duplexcadence.compiler.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACTS = sorted((ROOT / "contracts").glob("*.clock"))
+
+
+def test_shipped_contracts_check_clean(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["check"]) == 0
+    out = capsys.readouterr()
+    assert "error" not in out.err
+    assert "flow_chunk" in out.out and "lm_backbone" in out.out
+
+
+def test_check_json_token2wav_numbers(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["check", "contracts/stepaudio2_token2wav.clock", "--format", "json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    a = entry["analysis"]
+    regions = {r["name"]: r for r in a["regions"]}
+    assert regions["estimator_carry"]["attended"] == [302, 352, 402]
+    assert regions["estimator_carry"]["catalog_width"] == 3
+    assert regions["solver_workspace"]["shape"] == [10, 16, 2, 8, 458, 128]
+    assert regions["solver_workspace"]["rho"] == pytest.approx(16 * 1000 / (10 * 458), abs=1e-3)
+    calls = {k["name"]: k for k in a["callables"]}
+    assert calls["flow_chunk"]["width"] == 3 and calls["flow_chunk"]["in_scope"]
+    assert calls["vocoder"]["width"] == 2
+
+
+def test_moshi_backbone_width_one(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["check", "contracts/moshi.clock", "--format", "json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    calls = {k["name"]: k for k in entry["analysis"]["callables"]}
+    assert calls["lm_backbone"]["width"] == 1
+    lm = next(r for r in entry["analysis"]["regions"] if r["name"] == "lm_kv")
+    assert lm["attended"] == [3000] and lm["catalog_width"] == 1
+
+
+def test_generated_is_fresh(monkeypatch, capsys):
+    """CI's guard: generated/ must be exactly what the contracts compile to."""
+    monkeypatch.chdir(ROOT)
+    assert main(["compile", "--check"]) == 0, capsys.readouterr().out
+
+
+def test_compile_check_reports_drift(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "gen"
+    shutil.copytree(ROOT / "generated", out)
+    target = out / "moshi" / "contract.py"
+    target.write_text(target.read_text().replace("3000", "3001"))
+    assert main(["compile", "--check", "-o", str(out)]) == 1
+    diff = capsys.readouterr().out
+    assert "-" in diff and "3001" in diff and "drift" in diff
+    # --check never writes
+    assert "3001" in target.read_text()
+
+
+def test_compile_writes_packages_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    assert main(["compile", "-o", str(tmp_path), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {Path(r["path"]).name for r in report} == {p.name for p in CONTRACTS}
+    for name in ("moshi", "stepaudio2_token2wav"):
+        files = sorted(p.name for p in (tmp_path / name).iterdir())
+        assert files == ["__init__.py", "adapter.py", "contract.py"]
+        header = (tmp_path / name / "adapter.py").read_text().splitlines()[:2]
+        assert "DO NOT EDIT" in header[0] and "sha256:" in header[0] and header[1] == "# @generated"
+
+
+def test_compile_error_writes_nothing(tmp_path, capsys):
+    bad = Path(__file__).parent / "errors" / "unknown_const.clock"
+    assert main(["compile", str(bad), "-o", str(tmp_path)]) == 1
+    assert list(tmp_path.iterdir()) == []
+    assert "error[CLK011]" in capsys.readouterr().err
+
+
+def test_unreadable_file_is_a_diagnostic(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "missing.clock")]) == 1
+    assert "error[CLK005]: cannot read contract" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["check", "--help"], ["compile", "--help"], ["--version"]])
+def test_help_and_version(argv):
+    proc = subprocess.run(
+        [sys.executable, "-m", "duplexcadence.compiler.cli", *argv], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    assert ("usage:" in proc.stdout) or proc.stdout.startswith("clockc ")
+
+
+def test_usage_error_exit_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "duplexcadence.compiler.cli", "frobnicate"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr

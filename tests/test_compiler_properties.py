@@ -1,0 +1,164 @@
+"""Properties of the analysis and of code generation (hypothesis)."""
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplexcadence.compiler.analysis import attended_sequence, catalog_width_formula
+from duplexcadence.compiler.driver import check_source, compile_source
+from duplexcadence.compiler.printer import print_contract
+from duplexcadence.compiler.validate import RegionNumbers
+from duplexcadence.dsl.parser import parse
+
+
+def numbers(start, stride, head, tail, kind="head_tail"):
+    bound = head + tail if kind == "head_tail" else head
+    return RegionNumbers(
+        dims=(None,), axis=0, axis_clock="frame", retention=(kind, (head, tail)),
+        bound=bound, start=start, stride=stride, flush=(), envelope=bound, stock=None,
+    )
+
+
+def brute_force(start, stride, bound, calls=10_000):
+    """Stream `calls` chunks through a literal carry and collect the lengths read."""
+    seen, length = set(), start
+    for _ in range(calls):
+        seen.add(length)
+        length = length + stride
+        if length > bound:
+            length = bound  # stock retention: cat(head, tail) keeps `bound` frames
+    return seen
+
+
+@given(
+    head=st.integers(0, 400), tail=st.integers(1, 400), stride=st.integers(1, 120),
+    start_frac=st.floats(0, 1),
+)
+def test_catalog_width_matches_formula_and_brute_force(head, tail, stride, start_frac):
+    bound = head + tail
+    start = int(start_frac * bound)
+    seq = attended_sequence(numbers(start, stride, head, tail))
+    assert len(set(seq)) == catalog_width_formula(start, bound, stride)
+    assert len(set(seq)) == math.ceil((bound - start) / stride) + 1 or bound == start
+    assert set(seq) == brute_force(start, stride, bound)
+
+
+CONTRACT = """
+contract prop
+catalog budget {budget}
+clock chunk = 1 per call
+clock frame = {stride} per chunk
+const p = {head} frame
+region carry {{
+  dtype {dtype}
+  dims [{lead}, frame, {trail}]
+  retention head(p) ++ tail({tail} frame)
+  attended from {start} frame by {stride} frame
+  site state["carry"]
+}}
+region scratch {{
+  dtype float32
+  dims [{lead}, frame]
+  envelope extent(carry) + {stride} frame
+  site work
+}}
+callable step {{
+  site model.step
+  per chunk
+  arg cache: region carry
+  arg x: float32 [1, n]
+  kwarg last: bool
+  config last in {{false, true}}
+  config n in {{{ns}}}
+  aliased carry
+  writes scratch
+  retains carry from result[1]
+}}
+"""
+
+BYTES = {"float32": 4, "float16": 2, "int64": 8}
+
+contract_params = st.fixed_dictionaries({
+    "head": st.integers(1, 200), "tail": st.integers(1, 200), "stride": st.integers(1, 80),
+    "lead": st.integers(1, 4), "trail": st.integers(1, 4),
+    "dtype": st.sampled_from(sorted(BYTES)),
+    "ns": st.lists(st.integers(1, 9), min_size=1, max_size=3, unique=True).map(lambda xs: ", ".join(map(str, xs))),
+    "start_frac": st.floats(0, 1),
+})
+
+
+def render(params, budget=100_000):
+    start = int(params["start_frac"] * params["head"])
+    return CONTRACT.format(budget=budget, start=start, **{k: v for k, v in params.items() if k != "start_frac"})
+
+
+@settings(max_examples=40, deadline=None)
+@given(contract_params)
+def test_callable_catalog_respects_bound_and_plan_bytes(params):
+    result = check_source(render(params), "prop.clock")
+    assert result.ok, result.diagnostics
+    a = result.analysis
+    carry = next(r for r in a.regions if r.name == "carry")
+    step = a.callables[0]
+    n_values = len(params["ns"].split(","))
+    assert step.q_size == 2 * n_values
+    assert step.bound == step.q_size * carry.catalog_width
+    assert step.width <= step.bound
+    assert step.width == step.bound  # one aliased region: every (extent, config) pair is reached
+    bound = params["head"] + params["tail"]
+    assert carry.demand_bytes == params["lead"] * bound * params["trail"] * BYTES[params["dtype"]]
+    scratch = next(r for r in a.regions if r.name == "scratch")
+    assert scratch.shape == (params["lead"], bound + params["stride"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(contract_params)
+def test_print_parse_round_trip(params):
+    contract, diags = parse(render(params))
+    assert not diags
+    again, diags = parse(print_contract(contract))
+    assert not diags
+    assert again.model_dump() == contract.model_dump()
+
+
+@settings(max_examples=8, deadline=None)
+@given(contract_params, st.permutations(range(6)))
+def test_compile_is_deterministic_black_stable_and_order_invariant(params, order):
+    import black
+
+    from duplexcadence.compiler.emit import BLACK_MODE
+
+    text = render(params)
+    first = compile_source(text, "prop.clock").files
+    assert first == compile_source(text, "prop.clock").files
+    for source in first.values():
+        assert black.format_str(source, mode=BLACK_MODE) == source
+    # reorder the independent top-level declarations (the header stays first)
+    blocks = _blocks(text)
+    header, rest = blocks[:2], blocks[2:]
+    assert len(rest) == len(order)
+    shuffled = "\n".join(header + [rest[i] for i in order])
+    reordered = compile_source(shuffled, "prop.clock")
+    assert reordered.ok, reordered.diagnostics
+    assert _without_source_hash(reordered.files) == _without_source_hash(first)
+
+
+def _without_source_hash(files):
+    """The source text differs when reordered, so its sha256 does; nothing else may."""
+    return {
+        name: "\n".join(line for line in text.splitlines() if "sha256" not in line.lower())
+        for name, text in files.items()
+    }
+
+
+def _blocks(text):
+    """Split a contract into top-level declarations (a block runs to its closing brace)."""
+    blocks, current, depth = [], [], 0
+    for line in text.strip().splitlines():
+        current.append(line)
+        depth += line.count("{") - line.count("}")
+        if depth == 0:
+            blocks.append("\n".join(current))
+            current = []
+    return blocks
