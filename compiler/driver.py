@@ -54,12 +54,12 @@ def check_source(source: str, path: str) -> Result:
     result = Result(path=path, source=source)
     contract, diags = parse(source)
     result.diagnostics.extend(diags)
-    if contract is None or has_errors(diags):
+    if contract is None:  # a syntax error: nothing to validate
         return result
     result.contract = contract
     checked, diags = validate(contract)
     result.diagnostics.extend(diags)
-    if has_errors(diags):
+    if has_errors(result.diagnostics):
         return result
     result.checked = checked
     result.analysis = analyse(checked)

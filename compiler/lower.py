@@ -90,13 +90,14 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
     adopt = []
     for a in k.args:
         if isinstance(a.type, ir.RegionArg) and a.type.region in k.aliased:
-            if regions[a.type.region].retention is not None:
-                adopt.append({
-                    "region": a.type.region,
-                    "container": "kwargs" if a.keyword else "args",
-                    "steps": _arg_steps(a, positions.get(id(a), 0)),
-                    "shown": access_code("kwargs" if a.keyword else "args", a.path),
-                })
+            adopt.append({
+                "region": a.type.region,
+                # carries adopt with retention; fixed regions keep the leading part
+                "carry": regions[a.type.region].retention is not None,
+                "container": "kwargs" if a.keyword else "args",
+                "steps": _arg_steps(a, positions.get(id(a), 0)),
+                "shown": access_code("kwargs" if a.keyword else "args", a.path),
+            })
     return {
         "name": k.name,
         "site": steps_code(k.site, include_root=True),

@@ -27,10 +27,21 @@ class Binding:
         self._undo.append((obj, steps, old))
 
     def unbind(self) -> None:
-        """Put back every stock attribute that bind() replaced (regions stay allocated)."""
+        """Put back the stock callables and constants bind() replaced. Regions stay: the
+        stock buffers they replaced were released, so rebuild a model to go back to stock."""
         while self._undo:
             obj, steps, old = self._undo.pop()
             set_at(obj, steps, old)
+
+    def capture(self, *, progress: bool = True) -> "Binding":
+        """Capture every replayed callable's catalog (before traffic).
+
+        bind() does this itself unless told `capture=False`, which lets serving code
+        bind first (so the state rule sizes every buffer before the prompt is primed)
+        and capture once the model is on its device and primed."""
+        for engine in self.replays.values():
+            engine.capture_all(progress=progress)
+        return self
 
     def stats(self) -> dict:
         return {
@@ -114,3 +125,48 @@ def infer_device(model: Any):
             for t in list(obj.parameters()) + list(obj.buffers()):
                 return t.device
     return torch.device("cpu")
+
+
+def install_region(binding: Binding, model: Any, steps, region: Any) -> None:
+    """Put `region` at its binding site, keeping the stock state it replaces.
+
+    The stock buffer may be larger (an implementation-constant envelope); the
+    region keeps its leading part, which is all that any consumer reads.
+    """
+    import torch
+
+    from duplexcadence.runtime.sites import get_at
+
+    stock = get_at(model, steps)
+    if isinstance(stock, torch.Tensor):
+        target = region.tensor
+        if stock.dim() != target.dim() or any(s < t for s, t in zip(stock.shape, target.shape)):
+            raise ValueError(
+                f"region {region.name}: stock tensor {tuple(stock.shape)} at {format_path(steps)} "
+                f"cannot hold the declared shape {tuple(target.shape)}"
+            )
+        with torch.no_grad():
+            target.copy_(stock[tuple(slice(0, n) for n in target.shape)])
+    # The stock buffer is not remembered for unbind(): holding it would keep the
+    # implementation-constant envelope alive, the very memory the region saves.
+    set_at(model, steps, region.tensor)
+
+
+def adopt_prefix(region: Any, tensor: Any) -> Any:
+    """An aliased fixed-shape region handed a stock tensor: copy its leading part in.
+
+    Returns the region's own tensor, so the call reads the state at the region's
+    address (a replay admits it) with the same values the stock tensor held.
+    """
+    import torch
+
+    target = region.tensor
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    if tensor.data_ptr() == target.data_ptr() and tensor.shape == target.shape:
+        return tensor
+    if tensor.dim() != target.dim() or any(s < t for s, t in zip(tensor.shape, target.shape)):
+        return tensor  # not this region's state: leave it; admission decides
+    with torch.no_grad():
+        target.copy_(tensor[tuple(slice(0, n) for n in target.shape)])
+    return target

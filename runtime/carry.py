@@ -171,6 +171,7 @@ class CarryRegion(Region):
     # ---------------------------------------------------------- turn boundary
     def adopt(self, t: torch.Tensor) -> torch.Tensor:
         """Make ``t`` the carry's content; no copy if it already is the carry's view."""
+        t = self._leading_part(t)
         self._check_history(t)
         axis = self.spec.axis
         if self._is_own_view(t):
@@ -187,6 +188,21 @@ class CarryRegion(Region):
         if self.retention.appends:
             self.written = 0  # priming restarts the ring
         return self.retain(t)
+
+    def _leading_part(self, t: torch.Tensor) -> torch.Tensor:
+        """A stock tensor may be larger off the clock axis than the demand-sized carry
+        (e.g. 16 solver steps reserved, 10 used): only the leading part is ever read,
+        so adoption keeps that. Anything else is left for ``_check_history`` to reject."""
+        spec = self.spec
+        if t.dim() != len(spec.shape):
+            return t
+        off_axis = [d for d in range(t.dim()) if d != spec.axis]
+        if any(t.shape[d] < spec.shape[d] for d in off_axis):
+            return t
+        for d in off_axis:
+            if t.shape[d] > spec.shape[d]:
+                t = t.narrow(d, 0, spec.shape[d])
+        return t
 
     def _host_state(self) -> tuple:
         return (self.length, self.written)

@@ -44,6 +44,7 @@ from .backend import CudaGraphBackend, GraphBackend
 from .classes import CaptureClass, materialize, staging_bytes
 from .controls import ReplayMiss, replay_enabled, strict_mode
 from .effects import Effect, classify, host_rng_restore, host_rng_snapshot
+from .hoist import HostConstants
 from .outputs import OutputPlan
 from .regions import Region
 from .signature import CatalogDispatch, Miss, is_unkeyable, signature_and_leaves
@@ -100,6 +101,7 @@ class ExactShapeReplay:
         self.device = torch.device(device)
         self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
         self.pool = pool
+        self.host_constants = HostConstants(device)
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
         self.effect: Effect | None = None
         self.rejected: str | None = None
@@ -172,7 +174,8 @@ class ExactShapeReplay:
         e.staged = [(i, t) for i, t in enumerate(leaves) if id(t) not in aliased_ids]
         dev, b = self.device, self.backend
         try:
-            with torch.no_grad():
+            # warm-up and capture see host-built constants as device buffers (hoist.py)
+            with torch.no_grad(), self.host_constants:
                 t0 = time.perf_counter()
                 host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
                 b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
@@ -219,13 +222,15 @@ class ExactShapeReplay:
         e.status = "captured"
         keys[sig] = e.index
 
-    def _snapshot(self) -> dict:
+    def _snapshot(self) -> dict:  # noqa: D401 - state saved around capture
         bufs = {f"region:{n}": r.tensor for n, r in self.regions.items()}
         bufs.update({f"write_through:{n}": g() for n, g in self.write_through.items()})
         return {
             "host": host_rng_snapshot(),
             "device": self.backend.device_rng_state(self.device),
-            "buffers": {k: (t, t.clone()) for k, t in bufs.items()},
+            # saved on the host: a device copy of every region would raise the
+            # process peak by the whole contract state just to capture
+            "buffers": {k: (t, _host_copy(t)) for k, t in bufs.items()},
             "python": {n: r._host_state() for n, r in self.regions.items()},
         }
 
@@ -325,6 +330,11 @@ class ExactShapeReplay:
             "rejected": self.rejected,
             "hits": self.hits,
             "misses": dict(self.misses),
+            "host_constants": {
+                "device_buffers": len(self.host_constants.cache),
+                "served": self.host_constants.served,
+                "istft_without_host_check": self.host_constants.istft_calls,
+            },
             "eager_calls": sum(self.misses.values()),
             "invalidations": self.invalidations,
             "warmup_s": sum(c["warmup_s"] for c in cls),
@@ -374,3 +384,11 @@ class _progress:
     def __exit__(self, *exc: Any) -> None:
         if self._bar is not None:
             self._bar.__exit__(*exc)
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "cuda":
+        return t.clone()
+    saved = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    saved.copy_(t)
+    return saved

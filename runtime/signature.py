@@ -11,6 +11,9 @@ What a tensor contributes, and why:
   * shape, stride, dtype, device type and index — they fix the kernels a graph
     recorded; any change must miss.
   * requires_grad — eager autograd would record history that a replay cannot.
+  * strides of dimensions of size 0 or 1 are keyed as 0: they address no second
+    element, so they change neither the memory layout nor any kernel's choice
+    (``is_contiguous`` ignores them), yet `clone()` of a slice keeps arbitrary ones.
   * ``data_ptr() % 16`` (alignment class), *not* ``storage_offset``: staged inputs
     are copied into the captured buffer, so the caller's offset never reaches the
     graph, and aliased inputs are pinned by their exact pointer in admission
@@ -76,7 +79,7 @@ def signature_and_leaves(
             return (
                 "T",
                 tuple(x.shape),
-                x.stride(),
+                _layout_stride(x),
                 str(x.dtype),
                 dev.type,
                 -1 if dev.index is None else dev.index,
@@ -167,3 +170,7 @@ class CatalogDispatch:
 
     def keys(self) -> list[tuple]:
         return list(self._keys)
+
+
+def _layout_stride(x: torch.Tensor) -> tuple[int, ...]:
+    return tuple(0 if n <= 1 else st for n, st in zip(x.shape, x.stride()))

@@ -9,6 +9,7 @@ accumulator — unit tests of the engine, not of any model.
 
 from __future__ import annotations
 
+import math
 import pytest
 import torch
 
@@ -280,3 +281,41 @@ def test_audit_catches_wrong_declaration_on_first_divergent_call():
         carry.retain(torch.cat([carry.current(), new], dim=1))
         assert carry.audit_divergences == (0 if i < 2 else i - 1)
     assert carry.audit_records[0].call == 3 and carry.audit_records[0].index == (0, 0)
+
+
+@pytest.mark.cuda
+def test_host_built_constants_and_istft_are_captured_exactly():
+    """A callable that rebuilds a constant on the host and calls torch.istft every call
+    (both forbid capture as written) replays bit-exact through the hoisted constants."""
+    from duplexcadence.runtime.hoist import istft_without_host_check
+
+    dev = torch.device("cuda")
+    window = torch.hann_window(16, periodic=True, device=dev)
+
+    def vocoder_like(spec):
+        freqs = torch.exp(-math.log(10000) * torch.arange(0, 8) / 8).to(spec.real)
+        scaled = spec * freqs.sum()
+        harmonics = torch.FloatTensor([[1.0, 2.0, 3.0]]).to(dev)
+        audio = torch.istft(scaled, 16, 4, 16, window=window)
+        return audio * harmonics.sum()
+
+    torch.manual_seed(0)
+    specs = [torch.randn(1, 9, 57, dtype=torch.complex64, device=dev) for _ in range(3)]
+    for s in specs:
+        assert torch.equal(torch.istft(s, 16, 4, 16, window=window), istft_without_host_check(s, 16, 4, 16, window=window))
+    engine = ExactShapeReplay(
+        vocoder_like,
+        name="vocoder_like",
+        classes=[CaptureClass("T57", args=(TensorSpec((1, 9, 57), torch.complex64),))],
+        regions={},
+        device=dev,
+    )
+    engine.capture_all(progress=False)
+    for s in specs:
+        with torch.inference_mode():
+            got = engine(s)
+        assert torch.equal(got, vocoder_like(s))
+    stats = engine.stats()
+    assert stats["hits"] == 3, stats
+    assert stats["host_constants"]["device_buffers"] >= 2
+    assert stats["host_constants"]["istft_without_host_check"] >= 1

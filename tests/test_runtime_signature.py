@@ -105,3 +105,18 @@ def test_dispatch_hit_miss_drop():
 def test_class_key_may_be_falsy():
     cat = CatalogDispatch({sig(1): 0})
     assert cat.lookup(sig(1)) == 0
+
+
+def test_size_one_strides_do_not_split_signatures():
+    """A `clone()` of a slice keeps the parent's stride on size-1 dims: same layout."""
+    import torch
+
+    from duplexcadence.runtime import signature_of
+
+    source = torch.zeros(1, 1, 9000)
+    cloned_slice = source[:, :, -3840:].clone()
+    fresh = torch.zeros(1, 1, 3840)
+    assert cloned_slice.stride() != fresh.stride()
+    assert signature_of((cloned_slice,), {}) == signature_of((fresh,), {})
+    # a real layout difference still splits
+    assert signature_of((torch.zeros(4, 3).t(),), {}) != signature_of((torch.zeros(3, 4),), {})

@@ -6,6 +6,7 @@ import torch
 
 from duplexcadence.runtime import (
     Binding,
+    adopt_prefix,
     CarryRegion,
     Effect,
     ExactShapeReplay,
@@ -14,6 +15,7 @@ from duplexcadence.runtime import (
     get_at,
     has_site,
     infer_device,
+    install_region,
     replace_at,
     set_at,
     update_at,
@@ -98,7 +100,9 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
 
     def depformer(*args, _engine=depformer_engine, **kwargs):
         args = list(args)
-        return _engine(*args, **kwargs)
+        # hot callables are inference-only: a replay carries no autograd history
+        with torch.inference_mode():
+            return _engine(*args, **kwargs)
 
     binding.remember(model, CALLABLE_SITES["depformer"], stock_depformer)
     set_at(model, CALLABLE_SITES["depformer"], depformer)
@@ -123,7 +127,9 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
 
     def lm_backbone(*args, _engine=lm_backbone_engine, **kwargs):
         args = list(args)
-        return _engine(*args, **kwargs)
+        # hot callables are inference-only: a replay carries no autograd history
+        with torch.inference_mode():
+            return _engine(*args, **kwargs)
 
     binding.remember(model, CALLABLE_SITES["lm_backbone"], stock_lm_backbone)
     set_at(model, CALLABLE_SITES["lm_backbone"], lm_backbone)
@@ -148,7 +154,9 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
 
     def mimi_decoder(*args, _engine=mimi_decoder_engine, **kwargs):
         args = list(args)
-        return _engine(*args, **kwargs)
+        # hot callables are inference-only: a replay carries no autograd history
+        with torch.inference_mode():
+            return _engine(*args, **kwargs)
 
     binding.remember(model, CALLABLE_SITES["mimi_decoder"], stock_mimi_decoder)
     set_at(model, CALLABLE_SITES["mimi_decoder"], mimi_decoder)
@@ -173,12 +181,13 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
 
     def mimi_encoder(*args, _engine=mimi_encoder_engine, **kwargs):
         args = list(args)
-        return _engine(*args, **kwargs)
+        # hot callables are inference-only: a replay carries no autograd history
+        with torch.inference_mode():
+            return _engine(*args, **kwargs)
 
     binding.remember(model, CALLABLE_SITES["mimi_encoder"], stock_mimi_encoder)
     set_at(model, CALLABLE_SITES["mimi_encoder"], mimi_encoder)
 
     if capture and device.type == "cuda":
-        for engine in binding.replays.values():
-            engine.capture_all(progress=progress)
+        binding.capture(progress=progress)
     return binding

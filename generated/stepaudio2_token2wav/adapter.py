@@ -6,6 +6,7 @@ import torch
 
 from duplexcadence.runtime import (
     Binding,
+    adopt_prefix,
     CarryRegion,
     Effect,
     ExactShapeReplay,
@@ -14,6 +15,7 @@ from duplexcadence.runtime import (
     get_at,
     has_site,
     infer_device,
+    install_region,
     replace_at,
     set_at,
     update_at,
@@ -61,18 +63,12 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
         update_at(model, REGION_SITES["estimator_carry"], estimator_carry.adopt)
     binding.regions["estimator_carry"] = estimator_carry
     estimator_cnn = Region.allocate(REGIONS["estimator_cnn"], device)
-    binding.remember(
-        model, REGION_SITES["estimator_cnn"], get_at(model, REGION_SITES["estimator_cnn"])
-    )
-    set_at(model, REGION_SITES["estimator_cnn"], estimator_cnn.tensor)
+    install_region(binding, model, REGION_SITES["estimator_cnn"], estimator_cnn)
     binding.regions["estimator_cnn"] = estimator_cnn
     hift_mel_cache = Region.allocate(REGIONS["hift_mel_cache"], device)
     binding.regions["hift_mel_cache"] = hift_mel_cache
     solver_workspace = Region.allocate(REGIONS["solver_workspace"], device)
-    binding.remember(
-        model, REGION_SITES["solver_workspace"], get_at(model, REGION_SITES["solver_workspace"])
-    )
-    set_at(model, REGION_SITES["solver_workspace"], solver_workspace.tensor)
+    install_region(binding, model, REGION_SITES["solver_workspace"], solver_workspace)
     binding.regions["solver_workspace"] = solver_workspace
 
     # Host-rebuilt constants that become device-resident buffers.
@@ -123,9 +119,17 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
         args = list(args)
         # the carry is aliased: the call must read it at its own address (kwargs['cache']['conformer_att_cache'])
         update_at(kwargs, (("key", "cache"), ("key", "conformer_att_cache")), conformer_carry.adopt)
+        # estimator_cnn is aliased: the call must read it at its own address (kwargs['cache']['estimator_cnn_cache'])
+        update_at(
+            kwargs,
+            (("key", "cache"), ("key", "estimator_cnn_cache")),
+            lambda t: adopt_prefix(estimator_cnn, t),
+        )
         # the carry is aliased: the call must read it at its own address (kwargs['cache']['estimator_att_cache'])
         update_at(kwargs, (("key", "cache"), ("key", "estimator_att_cache")), estimator_carry.adopt)
-        return _engine(*args, **kwargs)
+        # hot callables are inference-only: a replay carries no autograd history
+        with torch.inference_mode():
+            return _engine(*args, **kwargs)
 
     binding.remember(model, CALLABLE_SITES["flow_chunk"], stock_flow_chunk)
     set_at(model, CALLABLE_SITES["flow_chunk"], flow_chunk)
@@ -150,12 +154,13 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
 
     def vocoder(*args, _engine=vocoder_engine, **kwargs):
         args = list(args)
-        return _engine(*args, **kwargs)
+        # hot callables are inference-only: a replay carries no autograd history
+        with torch.inference_mode():
+            return _engine(*args, **kwargs)
 
     binding.remember(model, CALLABLE_SITES["vocoder"], stock_vocoder)
     set_at(model, CALLABLE_SITES["vocoder"], vocoder)
 
     if capture and device.type == "cuda":
-        for engine in binding.replays.values():
-            engine.capture_all(progress=progress)
+        binding.capture(progress=progress)
     return binding
