@@ -195,7 +195,7 @@ class HostConstant(Node):
     site: Path | None = None
     dtype: DType | None = None
     dims: tuple[Expr, ...] | None = None
-    install: Literal["device_buffer", "left_eager"] = "device_buffer"
+    install: Literal["device_buffer", "hoisted", "left_eager"] = "device_buffer"
     note: str | None = None
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
 

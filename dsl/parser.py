@@ -29,7 +29,7 @@ _FRIENDLY = {
     "ADDRESS": "an address kind (stable, moves)",
     "EFFECT": "an effect (none, device_rng, host_rng)",
     "MODE": "a mode (replay, eager)",
-    "INSTALL": "an install kind (device_buffer, left_eager)",
+    "INSTALL": "an install kind (device_buffer, hoisted, left_eager)",
     "COMPARE": "a comparison (<=, <, ==, !=, >=, >)",
     "$END": "end of file",
 }
