@@ -1,0 +1,1 @@
+"""Benchmarks and the real third-party workloads they drive (DESIGN §5, §6)."""

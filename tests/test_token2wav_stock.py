@@ -1,0 +1,75 @@
+"""The stock streaming Token2Wav (minicpmo-utils 1.0.6), seeded random weights, on CPU.
+
+Drives the vendor's own ``Token2wav.stream()`` through bench.workloads.token2wav and pins
+what the stock code does: the estimator / conformer carries after each chunk, the PCM
+lengths, and that a fresh build with the same seed reproduces every chunk bit for bit.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from bench.workloads import token2wav as W
+
+pytestmark = pytest.mark.slow
+
+_REASON = W.unavailable_reason()
+if _REASON is not None:
+    pytest.skip(_REASON, allow_module_level=True)
+
+SEED = 0
+N_CHUNKS = 5  # 4 steady chunks + 1 final chunk; the trim first fires on chunk 3
+
+
+def _run(seed: int) -> dict:
+    t2w = W.build_token2wav(seed)
+    out = {"pcm": [], "attended": [], "carry": [], "conformer": [], "hift": []}
+    for chunk in W.token_stream(seed, N_CHUNKS):
+        out["attended"].append(W.carry_lengths(t2w)["estimator"])
+        out["pcm"].append(W.stream_chunk(t2w, chunk.tokens, chunk.last_chunk))
+        lengths = W.carry_lengths(t2w)
+        out["carry"].append(lengths["estimator"])
+        out["conformer"].append(lengths["conformer"])
+        out["hift"].append((lengths["hift_mel"], lengths["hift_source"], lengths["hift_speech"]))
+    del t2w
+    gc.collect()
+    return out
+
+
+@pytest.fixture(scope="module")
+def first_run() -> dict:
+    return _run(SEED)
+
+
+def test_token_stream_matches_stock_client() -> None:
+    chunks = W.token_stream(SEED, N_CHUNKS)
+    assert [len(c.tokens) for c in chunks] == [28] * N_CHUNKS
+    assert [c.last_chunk for c in chunks] == [False] * (N_CHUNKS - 1) + [True]
+    for prev, cur in zip(chunks, chunks[1:]):  # windows overlap by the 3 lookahead tokens
+        assert prev.tokens[25:] == cur.tokens[:3]
+    assert chunks[0].tokens == W.token_stream(SEED, N_CHUNKS)[0].tokens
+
+
+def test_stock_carries_and_pcm_lengths(first_run: dict) -> None:
+    # estimator carry: 302 prompt frames + 50 per chunk, cut back to 302 + 100 once longer
+    assert first_run["attended"] == [302, 352, 402, 402, 402]
+    assert first_run["carry"] == [352, 402, 402, 402, 402]
+    assert first_run["conformer"] == [352, 402, 402, 402, 402]
+    assert first_run["hift"] == [(8, 3840, 3840)] * N_CHUNKS
+    # 50 mel frames x 480 per steady chunk; the final chunk is 56 frames + the 8 carried
+    assert [p.shape[0] for p in first_run["pcm"]] == [24000] * 4 + [30720]
+    for p in first_run["pcm"]:
+        assert p.dtype == np.float32 and np.isfinite(p).all()
+    assert not first_run["pcm"][0][:3840].any()  # stock first chunk: 160 ms of silence
+    assert all(float(np.abs(p[3840:]).max()) > 0 for p in first_run["pcm"])
+
+
+def test_fresh_build_same_seed_is_bit_identical(first_run: dict) -> None:
+    second = _run(SEED)
+    assert len(second["pcm"]) == N_CHUNKS
+    for i, (a, b) in enumerate(zip(first_run["pcm"], second["pcm"])):
+        assert torch.equal(torch.from_numpy(a), torch.from_numpy(b)), f"chunk {i} differs"
