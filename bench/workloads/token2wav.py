@@ -343,20 +343,28 @@ def set_stream_cache(t2w: Any) -> tuple[dict, dict]:
     return stream_cache, hift_cache_dict
 
 
-def build_token2wav(seed: int = 0, device: Any = "cpu", prompt_frames: int = PROMPT_FRAMES) -> Any:
+def build_token2wav(
+    seed: int = 0,
+    device: Any = "cpu",
+    prompt_frames: int = PROMPT_FRAMES,
+    before_priming: Any = None,
+) -> Any:
     """The vendor ``Token2wav`` object, ready for ``stream()``, with seeded random weights.
 
     Attributes are those ``Token2wav.__init__`` sets (token2wav.py:65-100) with the
     checkpoint-only ones (``audio_tokenizer``, ``spk_model``) set to None, plus ``cache``
     (a seeded random prompt) and ``stream_cache``/``hift_cache_dict`` as the stock client
     sets them after ``set_stream_cache``. Extra bookkeeping lives in ``t2w.bench``.
+
+    ``before_priming(t2w)``, if given, runs while the modules are still on the CPU,
+    before anything reaches ``device`` and before the prompt is primed: an adapter's
+    ``bind(t2w, device=..., capture=False)`` there replaces the stock buffers by its
+    demand-sized regions, so the stock envelopes never occupy the device.
     """
     m = import_stepaudio2()
     device = torch.device(device)
     flow, flow_refilled = build_flow(seed)
     hift, hift_refilled = build_hift(seed)
-    flow = flow.to(device).eval()
-    hift = hift.to(device).eval()
 
     Token2wav = m.token2wav.Token2wav
     t2w = Token2wav.__new__(Token2wav)
@@ -372,6 +380,10 @@ def build_token2wav(seed: int = 0, device: Any = "cpu", prompt_frames: int = PRO
     # token2wav.py:97 -- float64, as np.hamming gives; fade_in_out computes in float64.
     t2w.speech_window = torch.from_numpy(np.hamming(2 * t2w.source_cache_len)).to(device)
     t2w.hift_cache_dict = {}
+    if before_priming is not None:
+        before_priming(t2w)
+    t2w.flow = flow.to(device).eval()
+    t2w.hift = hift.to(device).eval()
 
     t2w.cache = make_prompt(seed, prompt_frames, device)
     t2w.stream_cache, t2w.hift_cache_dict = set_stream_cache(t2w)
