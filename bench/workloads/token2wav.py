@@ -167,8 +167,8 @@ def unavailable_reason() -> str | None:
     """Why the stock workload cannot be built here (None when it can)."""
     if importlib.util.find_spec("stepaudio2") is None:
         return (
-            f"stepaudio2 is not importable: pip install --no-deps {DIST_NAME}=={DIST_VERSION} "
-            "plus bench/requirements-token2wav.txt"
+            f"stepaudio2 ({DIST_NAME}=={DIST_VERSION}) is not importable: "
+            "pip install --no-deps -r bench/requirements-token2wav.txt"
         )
     version = installed_version()
     if version != DIST_VERSION:
