@@ -85,7 +85,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
         if (args_code, kwargs_code) in seen:
             continue  # two configurations that differ only outside the signature
         seen.add((args_code, kwargs_code))
-        classes.append({"label": f"{k.name}[{cls.label()}]", "args": args_code, "kwargs": kwargs_code})
+        classes.append({"label": cls.label(), "args": args_code, "kwargs": kwargs_code})
     positions = {id(a): i for i, a in enumerate(positional)}
     adopt = []
     for a in k.args:

@@ -18,7 +18,7 @@ def analysis_json(a: Analysis) -> dict:
 
 def analysis_tables(a: Analysis, *, width: int = 120) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, force_terminal=False)
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, markup=False)
     regions = Table(title=f"{a.contract}: regions (memory plan)", title_justify="left")
     for col in ("region", "shape", "retention", "s", "W", "attended", "K", "demand MiB", "stock MiB", "rho"):
         regions.add_column(col, justify="right" if col not in ("region", "retention", "shape") else "left")

@@ -54,14 +54,12 @@ class Binding:
             "constants": dict(self.constants),
         }
 
-    def report(self) -> str:
+    def report(self, width: int = 120) -> str:
+        """Regions, replays (hits, misses by reason, capture cost) and constants as text."""
+        from duplexcadence.runtime.telemetry import format_report
+
         lines = [f"duplexcadence binding of contract {self.contract} on {self.device}"]
-        for name, region in self.regions.items():
-            s = _region_stats(region)
-            lines.append(f"  region {name}: {s['shape']} {s['dtype']} {s['mib']:.1f} MiB at {s['data_ptr']:#x}")
-        for name, replay in self.replays.items():
-            s = replay.stats()
-            lines.append(f"  callable {name}: {s}")
+        lines.append(format_report([*self.replays.values(), *self.regions.values()], width=width))
         for name, why in self.eager.items():
             lines.append(f"  callable {name}: eager ({why})")
         for name, what in self.constants.items():
@@ -83,7 +81,6 @@ def _region_stats(region: Any) -> dict:
     return out
 
 
-__all__ = ["Binding", "format_path"]
 
 
 # Determinism settings a contract may pin, by the name it uses for them.

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .outputs import tree_leaves
 from .regions import Region
 
 
@@ -102,19 +103,8 @@ def materialize(
 
 def staging_bytes(cls: CaptureClass) -> int:
     """Bytes of static staging this class needs (the first term of the reserve)."""
-    total = 0
-
-    def walk(x: Any) -> None:
-        nonlocal total
-        if isinstance(x, TensorSpec):
-            total += math.prod(x.shape) * torch.empty((), dtype=x.dtype).element_size()
-        elif type(x) in (tuple, list):
-            for i in x:
-                walk(i)
-        elif type(x) is dict:
-            for v in x.values():
-                walk(v)
-
-    walk(cls.args)
-    walk(dict(cls.kwargs))
-    return total
+    return sum(
+        math.prod(x.shape) * torch.empty((), dtype=x.dtype).element_size()
+        for x in tree_leaves((cls.args, dict(cls.kwargs)))
+        if isinstance(x, TensorSpec)
+    )

@@ -35,7 +35,7 @@ def format_report(items: Iterable[object], width: int = 120) -> str:
     replays = [s for s in stats if s.get("kind") == "replay"]
     regions = [s for s in stats if s.get("kind") in ("region", "carry")]
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None, markup=False)
     if replays:
         t = table("exact-shape replay")
         for col in (

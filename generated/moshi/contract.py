@@ -119,7 +119,7 @@ CATALOG = {
     # depformer: width 1 (bound |Q|*prod K = 1)
     "depformer": [
         CaptureClass(
-            name="depformer[-]",
+            name="-",
             args=(
                 TensorSpec((1,), torch.int64),
                 TensorSpec((1, 1, 4096), torch.bfloat16),
@@ -130,7 +130,7 @@ CATALOG = {
     # lm_backbone: width 1 (bound |Q|*prod K = 1)
     "lm_backbone": [
         CaptureClass(
-            name="lm_backbone[-]",
+            name="-",
             args=(TensorSpec((1, 17, 1), torch.int64),),
             kwargs={},
         ),
@@ -138,7 +138,7 @@ CATALOG = {
     # mimi_decoder: width 1 (bound |Q|*prod K = 1)
     "mimi_decoder": [
         CaptureClass(
-            name="mimi_decoder[-]",
+            name="-",
             args=(TensorSpec((1, 512, 2), torch.float32),),
             kwargs={},
         ),
@@ -146,7 +146,7 @@ CATALOG = {
     # mimi_encoder: width 1 (bound |Q|*prod K = 1)
     "mimi_encoder": [
         CaptureClass(
-            name="mimi_encoder[-]",
+            name="-",
             args=(TensorSpec((1, 1, 1920), torch.float32),),
             kwargs={},
         ),

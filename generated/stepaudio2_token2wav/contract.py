@@ -124,7 +124,7 @@ CATALOG = {
     # flow_chunk: width 3 (bound |Q|*prod K = 18)
     "flow_chunk": [
         CaptureClass(
-            name="flow_chunk[conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=False,frames=50]",
+            name="conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=False,frames=50",
             args=(),
             kwargs={
                 "token": TensorSpec((1, 28), torch.int32),
@@ -140,7 +140,7 @@ CATALOG = {
             },
         ),
         CaptureClass(
-            name="flow_chunk[conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=False,frames=50]",
+            name="conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=False,frames=50",
             args=(),
             kwargs={
                 "token": TensorSpec((1, 28), torch.int32),
@@ -156,7 +156,7 @@ CATALOG = {
             },
         ),
         CaptureClass(
-            name="flow_chunk[conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=False,frames=50]",
+            name="conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=False,frames=50",
             args=(),
             kwargs={
                 "token": TensorSpec((1, 28), torch.int32),
@@ -175,7 +175,7 @@ CATALOG = {
     # vocoder: width 2 (bound |Q|*prod K = 3)
     "vocoder": [
         CaptureClass(
-            name="vocoder[mel_frames=50,source_len=0]",
+            name="mel_frames=50,source_len=0",
             args=(
                 TensorSpec((1, 80, 50), torch.float32),
                 TensorSpec((1, 1, 0), torch.float32),
@@ -183,7 +183,7 @@ CATALOG = {
             kwargs={},
         ),
         CaptureClass(
-            name="vocoder[mel_frames=58,source_len=3840]",
+            name="mel_frames=58,source_len=3840",
             args=(
                 TensorSpec((1, 80, 58), torch.float32),
                 TensorSpec((1, 1, 3840), torch.float32),

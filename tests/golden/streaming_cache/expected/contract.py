@@ -64,7 +64,7 @@ CATALOG = {
     # noisy: width 1 (bound |Q|*prod K = 1)
     "noisy": [
         CaptureClass(
-            name="noisy[-]",
+            name="-",
             args=(TensorSpec((1, 4), torch.float32),),
             kwargs={},
         ),
@@ -72,17 +72,17 @@ CATALOG = {
     # step: width 3 (bound |Q|*prod K = 6)
     "step": [
         CaptureClass(
-            name="step[kv=6,final=False,n=4]",
+            name="kv=6,final=False,n=4",
             args=(TensorSpec((1, 4, 16), torch.float32),),
             kwargs={"cache": RegionView("kv", 6), "final": False},
         ),
         CaptureClass(
-            name="step[kv=10,final=False,n=4]",
+            name="kv=10,final=False,n=4",
             args=(TensorSpec((1, 4, 16), torch.float32),),
             kwargs={"cache": RegionView("kv", 10), "final": False},
         ),
         CaptureClass(
-            name="step[kv=14,final=False,n=4]",
+            name="kv=14,final=False,n=4",
             args=(TensorSpec((1, 4, 16), torch.float32),),
             kwargs={"cache": RegionView("kv", 14), "final": False},
         ),
