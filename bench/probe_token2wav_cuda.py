@@ -46,8 +46,15 @@ def sync_sources(t2w, seed):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     for w in caught:
-        stack = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()]
-        key = str(w.message).splitlines()[0][:120] + " @ " + f"{w.filename.split('site-packages/')[-1]}:{w.lineno}"
+        stack = [
+            f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack()
+        ]
+        key = (
+            str(w.message).splitlines()[0][:120]
+            + " @ "
+            + f"{w.filename.split('site-packages/')[-1]}:{w.lineno}"
+        )
         sources[key] = sources.get(key, 0) + 1
     return sources
 
@@ -64,19 +71,24 @@ def main() -> None:
     t2w = W.build_token2wav(args.seed, device="cuda")
     out["sync_sources"] = sync_sources(t2w, args.seed)
     del t2w
-    gc.collect(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
 
     t2w = W.build_token2wav(args.seed, device="cuda")
     _, times, digest = stream(t2w, args.chunks, args.seed)
     out["B0"] = {"ms": times, "sha": digest, "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
     del t2w
-    gc.collect(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
 
     from duplexcadence.generated import stepaudio2_token2wav as adapter
 
     held = []
     t2w = W.build_token2wav(
-        args.seed, device="cuda",
+        args.seed,
+        device="cuda",
         before_priming=lambda m: held.append(adapter.bind(m, device="cuda", capture=False)),
     )
     binding = held[0]
@@ -85,8 +97,12 @@ def main() -> None:
     out["capture_s"] = round(time.perf_counter() - t0, 2)
     out["peak_after_capture_mib"] = torch.cuda.max_memory_allocated() / 2**20
     _, times, digest = stream(t2w, args.chunks, args.seed)
-    out["bound"] = {"ms": times, "sha": digest, "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
-                    "exact": digest == out["B0"]["sha"]}
+    out["bound"] = {
+        "ms": times,
+        "sha": digest,
+        "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
+        "exact": digest == out["B0"]["sha"],
+    }
     out["stats"] = binding.stats()
     print(json.dumps(out, indent=1, default=str))
     print(binding.report())

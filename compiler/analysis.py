@@ -18,8 +18,16 @@ from duplexcadence.compiler.evaluate import Value, evaluate
 from duplexcadence.compiler.validate import Checked, RegionNumbers
 
 DTYPE_BYTES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "bool8": 1,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool8": 1,
 }
 # Above this many joint states a catalog is bounded, not enumerated.
 ENUMERATION_LIMIT = 100_000
@@ -130,8 +138,10 @@ def _elements(dims) -> int:
 
 
 def analyse_region(r: ir.Region, n: RegionNumbers) -> RegionAnalysis:
-    shape = tuple(n.envelope if d is None else d for d in n.dims) if n.envelope else tuple(
-        1 if d is None else d for d in n.dims
+    shape = (
+        tuple(n.envelope if d is None else d for d in n.dims)
+        if n.envelope
+        else tuple(1 if d is None else d for d in n.dims)
     )
     steady = attended_sequence(n)
     bytes_per = DTYPE_BYTES[r.dtype]
@@ -183,15 +193,21 @@ def admitted(k: ir.Callable, checked: Checked, config: dict) -> bool:
         left = _eval(cond.left, checked, env)
         right = _eval(cond.right, checked, env)
         ok = {
-            "<=": left <= right, "<": left < right, "==": left == right,
-            "!=": left != right, ">=": left >= right, ">": left > right,
+            "<=": left <= right,
+            "<": left < right,
+            "==": left == right,
+            "!=": left != right,
+            ">=": left >= right,
+            ">": left > right,
         }[cond.op]
         if not ok:
             return False
     return True
 
 
-def joint_extents(regions: list[str], numbers: dict[str, RegionNumbers]) -> tuple[list[tuple], bool]:
+def joint_extents(
+    regions: list[str], numbers: dict[str, RegionNumbers]
+) -> tuple[list[tuple], bool]:
     """Joint attended extents of a callable's regions, simulated call by call."""
     if not regions:
         return [()], True
@@ -206,7 +222,10 @@ def joint_extents(regions: list[str], numbers: dict[str, RegionNumbers]) -> tupl
         seen.add(state)
         states.append(state)
         state = tuple(retain(numbers[r], a + numbers[r].stride) for r, a in zip(regions, state))
-        if all(numbers[r].retention and numbers[r].retention[0] == "ring" and numbers[r].stride == 0 for r in regions):
+        if all(
+            numbers[r].retention and numbers[r].retention[0] == "ring" and numbers[r].stride == 0
+            for r in regions
+        ):
             break
     return states, True
 
@@ -217,7 +236,9 @@ def tensor_bytes(arg: ir.TensorArg, checked: Checked, config: dict) -> int:
     return _elements(dims) * DTYPE_BYTES[arg.dtype]
 
 
-def analyse_callable(k: ir.Callable, checked: Checked, regions: dict[str, RegionAnalysis]) -> CallableAnalysis:
+def analyse_callable(
+    k: ir.Callable, checked: Checked, regions: dict[str, RegionAnalysis]
+) -> CallableAnalysis:
     # only regions with a clock extent vary the signature; fixed regions are one shape
     region_args = [
         a.type.region
@@ -254,7 +275,9 @@ def analyse_callable(k: ir.Callable, checked: Checked, regions: dict[str, Region
     if width > checked.budget:
         in_scope = False
         slim = ", ".join(f"K({r})={w}" for r, w in widths if w > 1)
-        reason = f"catalog width {width} exceeds budget {checked.budget}" + (f" ({slim})" if slim else "")
+        reason = f"catalog width {width} exceeds budget {checked.budget}" + (
+            f" ({slim})" if slim else ""
+        )
     elif k.mode == "eager":
         in_scope, reason = False, "declared `mode eager`"
     else:

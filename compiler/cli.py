@@ -70,7 +70,13 @@ def cmd_compile(args) -> int:
     report = []
     for path in paths:
         r = read_and_compile(path, emit=True)
-        entry = {"path": r.path, "ok": r.ok, "diagnostics": _diagnostics_json(r), "files": [], "drift": []}
+        entry = {
+            "path": r.path,
+            "ok": r.ok,
+            "diagnostics": _diagnostics_json(r),
+            "files": [],
+            "drift": [],
+        }
         if args.format != "json":
             _print_diagnostics(r)
         if not r.ok:
@@ -89,8 +95,10 @@ def cmd_compile(args) -> int:
                     if args.format != "json":
                         sys.stdout.writelines(
                             difflib.unified_diff(
-                                current.splitlines(keepends=True), text.splitlines(keepends=True),
-                                fromfile=f"a/{target.as_posix()}", tofile=f"b/{target.as_posix()}",
+                                current.splitlines(keepends=True),
+                                text.splitlines(keepends=True),
+                                fromfile=f"a/{target.as_posix()}",
+                                tofile=f"b/{target.as_posix()}",
                             )
                         )
             else:
@@ -114,15 +122,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"clockc {compiler_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    check = sub.add_parser("check", help="report diagnostics and the analysis (catalogs, memory plan)")
-    check.add_argument("files", nargs="*", metavar="FILE", help="contracts (default: contracts/*.clock)")
+    check = sub.add_parser(
+        "check", help="report diagnostics and the analysis (catalogs, memory plan)"
+    )
+    check.add_argument(
+        "files", nargs="*", metavar="FILE", help="contracts (default: contracts/*.clock)"
+    )
     check.add_argument("--format", choices=("text", "json"), default="text")
     check.set_defaults(func=cmd_check)
 
     comp = sub.add_parser("compile", help="generate adapter packages under generated/<contract>/")
-    comp.add_argument("files", nargs="*", metavar="FILE", help="contracts (default: contracts/*.clock)")
-    comp.add_argument("-o", "--output", default=DEFAULT_OUTPUT, metavar="DIR", help="output folder (default: generated)")
-    comp.add_argument("--check", action="store_true", help="write nothing; print a diff and exit 1 if generated/ is stale")
+    comp.add_argument(
+        "files", nargs="*", metavar="FILE", help="contracts (default: contracts/*.clock)"
+    )
+    comp.add_argument(
+        "-o",
+        "--output",
+        default=DEFAULT_OUTPUT,
+        metavar="DIR",
+        help="output folder (default: generated)",
+    )
+    comp.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; print a diff and exit 1 if generated/ is stale",
+    )
     comp.add_argument("--format", choices=("text", "json"), default="text")
     comp.set_defaults(func=cmd_compile)
     return parser

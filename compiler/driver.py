@@ -69,7 +69,11 @@ def check_source(source: str, path: str) -> Result:
         span = k.prop_spans.get("mode", k.span)
         if k.mode == "eager":
             result.diagnostics.append(
-                warning("CLK501", f"callable '{k.name}' is out of lossless scope and left eager: {ka.scope_reason}", span)
+                warning(
+                    "CLK501",
+                    f"callable '{k.name}' is out of lossless scope and left eager: {ka.scope_reason}",
+                    span,
+                )
             )
         else:
             result.diagnostics.append(
@@ -114,5 +118,9 @@ def read_and_compile(path: Path, *, emit: bool) -> Result:
     try:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return Result(path=name, source="", diagnostics=[error("CLK005", f"cannot read contract: {exc.__class__.__name__}: {exc}")])
+        return Result(
+            path=name,
+            source="",
+            diagnostics=[error("CLK005", f"cannot read contract: {exc.__class__.__name__}: {exc}")],
+        )
     return compile_source(source, name) if emit else check_source(source, name)

@@ -48,7 +48,9 @@ def evaluate(
     def go(e: ir.Expr) -> Value:
         if isinstance(e, ir.Quantity):
             if e.unit is not None and e.unit not in clocks:
-                raise EvalError("CLK011", f"unknown unit '{e.unit}' (units are clock names)", e.span)
+                raise EvalError(
+                    "CLK011", f"unknown unit '{e.unit}' (units are clock names)", e.span
+                )
             return Value(e.value, e.unit)
         if isinstance(e, ir.NameRef):
             if names is not None and e.name in names:

@@ -90,14 +90,16 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
     adopt = []
     for a in k.args:
         if isinstance(a.type, ir.RegionArg) and a.type.region in k.aliased:
-            adopt.append({
-                "region": a.type.region,
-                # carries adopt with retention; fixed regions keep the leading part
-                "carry": regions[a.type.region].retention is not None,
-                "container": "kwargs" if a.keyword else "args",
-                "steps": _arg_steps(a, positions.get(id(a), 0)),
-                "shown": access_code("kwargs" if a.keyword else "args", a.path),
-            })
+            adopt.append(
+                {
+                    "region": a.type.region,
+                    # carries adopt with retention; fixed regions keep the leading part
+                    "carry": regions[a.type.region].retention is not None,
+                    "container": "kwargs" if a.keyword else "args",
+                    "steps": _arg_steps(a, positions.get(id(a), 0)),
+                    "shown": access_code("kwargs" if a.keyword else "args", a.path),
+                }
+            )
     return {
         "name": k.name,
         "site": steps_code(k.site, include_root=True),
@@ -130,8 +132,14 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
     }
 
 
-def lower(checked: Checked, analysis: Analysis, *, compiler_version: str, source_name: str,
-          source_sha256: str) -> dict:
+def lower(
+    checked: Checked,
+    analysis: Analysis,
+    *,
+    compiler_version: str,
+    source_name: str,
+    source_sha256: str,
+) -> dict:
     c = checked.contract
     by_name = {r.name: r for r in analysis.regions}
     regions = []
@@ -147,23 +155,25 @@ def lower(checked: Checked, analysis: Analysis, *, compiler_version: str, source
                 retention = f"Window(width={params[0]})"
             else:
                 retention = f"Ring(capacity={params[0]})"
-        regions.append({
-            "name": r.name,
-            "dtype": "bool" if r.dtype == "bool8" else r.dtype,
-            "shape": repr(a.shape),
-            "axis": repr(a.axis),
-            "lifetime": r.lifetime,
-            "mutability": r.mutability,
-            "retention": retention,
-            "site": steps_code(r.site, include_root=True) if r.site else None,
-            "site_shown": r.site.dotted() if r.site else None,
-            "demand_mib": f"{a.demand_bytes / 2**20:.2f}",
-            "stock_mib": f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
-            "rho": a.rho,
-            "attended": list(a.attended),
-            "address": r.address,
-            "note": r.note,
-        })
+        regions.append(
+            {
+                "name": r.name,
+                "dtype": "bool" if r.dtype == "bool8" else r.dtype,
+                "shape": repr(a.shape),
+                "axis": repr(a.axis),
+                "lifetime": r.lifetime,
+                "mutability": r.mutability,
+                "retention": retention,
+                "site": steps_code(r.site, include_root=True) if r.site else None,
+                "site_shown": r.site.dotted() if r.site else None,
+                "demand_mib": f"{a.demand_bytes / 2**20:.2f}",
+                "stock_mib": f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
+                "rho": a.rho,
+                "attended": list(a.attended),
+                "address": r.address,
+                "note": r.note,
+            }
+        )
     callables = [
         lower_callable(k, checked, ka)
         for k, ka in sorted(zip(c.callables, analysis.callables), key=lambda p: p[0].name)
@@ -178,7 +188,10 @@ def lower(checked: Checked, analysis: Analysis, *, compiler_version: str, source
         }
         for h in sorted(c.constants, key=lambda h: h.name)
     ]
-    determinism = [{"setting": d.setting, "value": repr(d.value)} for d in sorted(c.determinism, key=lambda d: d.setting)]
+    determinism = [
+        {"setting": d.setting, "value": repr(d.value)}
+        for d in sorted(c.determinism, key=lambda d: d.setting)
+    ]
     return {
         "compiler_version": compiler_version,
         "contract": c.name,

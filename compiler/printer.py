@@ -103,7 +103,8 @@ def _callable(k: ir.Callable) -> list[str]:
     for c in k.configs:
         names = c.names[0] if len(c.names) == 1 else "(" + ", ".join(c.names) + ")"
         values = ", ".join(
-            literal(v[0]) if len(v) == 1 else "(" + ", ".join(literal(x) for x in v) + ")" for v in c.values
+            literal(v[0]) if len(v) == 1 else "(" + ", ".join(literal(x) for x in v) + ")"
+            for v in c.values
         )
         out.append(f"  config {names} in {{{values}}}")
     if k.admit:

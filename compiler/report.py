@@ -20,17 +20,43 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, markup=False)
     regions = Table(title=f"{a.contract}: regions (memory plan)", title_justify="left")
-    for col in ("region", "shape", "retention", "s", "W", "attended", "K", "demand MiB", "stock MiB", "rho"):
-        regions.add_column(col, justify="right" if col not in ("region", "retention", "shape") else "left")
+    for col in (
+        "region",
+        "shape",
+        "retention",
+        "s",
+        "W",
+        "attended",
+        "K",
+        "demand MiB",
+        "stock MiB",
+        "rho",
+    ):
+        regions.add_column(
+            col, justify="right" if col not in ("region", "retention", "shape") else "left"
+        )
     for r in a.regions:
-        attended = ", ".join(map(str, r.attended)) if len(r.attended) <= 6 else f"{r.attended[0]}..{r.attended[-1]}"
+        attended = (
+            ", ".join(map(str, r.attended))
+            if len(r.attended) <= 6
+            else f"{r.attended[0]}..{r.attended[-1]}"
+        )
         regions.add_row(
-            r.name, "x".join(map(str, r.shape)), r.retention or "-", str(r.stride), str(r.window),
-            attended or "-", str(r.catalog_width), f"{r.demand_bytes / MIB:.1f}",
-            f"{r.stock_bytes / MIB:.1f}" if r.stock_bytes else "-", f"{r.rho:.2f}" if r.rho else "-",
+            r.name,
+            "x".join(map(str, r.shape)),
+            r.retention or "-",
+            str(r.stride),
+            str(r.window),
+            attended or "-",
+            str(r.catalog_width),
+            f"{r.demand_bytes / MIB:.1f}",
+            f"{r.stock_bytes / MIB:.1f}" if r.stock_bytes else "-",
+            f"{r.rho:.2f}" if r.rho else "-",
         )
     console.print(regions)
-    calls = Table(title=f"{a.contract}: callables (catalog, budget {a.budget})", title_justify="left")
+    calls = Table(
+        title=f"{a.contract}: callables (catalog, budget {a.budget})", title_justify="left"
+    )
     for col in ("callable", "|Q|", "K per region", "bound", "width", "scope"):
         calls.add_column(col)
     for k in a.callables:

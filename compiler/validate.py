@@ -82,13 +82,20 @@ class _Validator:
     def check_unique_names(self) -> None:
         seen: dict[str, str] = {ROOT_CLOCK: "the built-in clock"}
         groups = [
-            ("clock", self.c.clocks), ("const", self.c.consts), ("region", self.c.regions),
-            ("callable", self.c.callables), ("constant", self.c.constants),
+            ("clock", self.c.clocks),
+            ("const", self.c.consts),
+            ("region", self.c.regions),
+            ("callable", self.c.callables),
+            ("constant", self.c.constants),
         ]
         for kind, nodes in groups:
             for node in nodes:
                 if node.name in seen:
-                    self.err("CLK010", f"duplicate name '{node.name}' (already {seen[node.name]})", node.span)
+                    self.err(
+                        "CLK010",
+                        f"duplicate name '{node.name}' (already {seen[node.name]})",
+                        node.span,
+                    )
                 else:
                     seen[node.name] = f"a {kind}"
 
@@ -103,13 +110,23 @@ class _Validator:
                 if k.rate is not None and k.rate <= 0:
                     self.err("CLK014", f"clock '{k.name}' needs a positive rate", k.span)
                 if k.parent != ROOT_CLOCK and k.parent not in by_name:
-                    self.err("CLK011", f"clock '{k.name}' is derived from unknown clock '{k.parent}'", k.span)
+                    self.err(
+                        "CLK011",
+                        f"clock '{k.name}' is derived from unknown clock '{k.parent}'",
+                        k.span,
+                    )
             else:
                 for f in k.factors:
                     if f not in by_name:
-                        self.err("CLK011", f"product clock '{k.name}' names unknown clock '{f}'", k.span)
+                        self.err(
+                            "CLK011", f"product clock '{k.name}' names unknown clock '{f}'", k.span
+                        )
                     elif by_name[f].kind == "product" or f == k.name:
-                        self.err("CLK013", f"product clock '{k.name}' may only combine rate clocks", k.span)
+                        self.err(
+                            "CLK013",
+                            f"product clock '{k.name}' may only combine rate clocks",
+                            k.span,
+                        )
         # rates per call, detecting cycles among derived clocks
         for k in self.c.clocks:
             if k.kind != "rate":
@@ -137,7 +154,9 @@ class _Validator:
             v = self.eval(const.expr)
             if v is not None:
                 if v.value < 0:
-                    self.err("CLK015", f"constant '{const.name}' is negative ({v.show()})", const.span)
+                    self.err(
+                        "CLK015", f"constant '{const.name}' is negative ({v.show()})", const.span
+                    )
                 self.out.consts[const.name] = v
 
     # ------------------------------------------------------------ regions
@@ -153,7 +172,9 @@ class _Validator:
         for i, d in enumerate(r.dims):
             if isinstance(d, ir.NameRef) and d.name in self.clocks:
                 if axis is not None:
-                    self.err("CLK024", f"region '{r.name}' has more than one clock-extent axis", d.span)
+                    self.err(
+                        "CLK024", f"region '{r.name}' has more than one clock-extent axis", d.span
+                    )
                 axis, axis_clock = i, d.name
                 dims.append(None)
                 continue
@@ -182,7 +203,11 @@ class _Validator:
             params = [in_axis_unit(p, "retention") for p in r.retention.params]
             if all(p is not None for p in params):
                 if any(p <= 0 for p in params) and r.retention.kind != "head_tail":
-                    self.err("CLK020", f"retention of region '{r.name}' must be positive", r.retention.span)
+                    self.err(
+                        "CLK020",
+                        f"retention of region '{r.name}' must be positive",
+                        r.retention.span,
+                    )
                 retention = (r.retention.kind, tuple(params))
                 bound = sum(params)
         elif axis is not None and r.envelope is None:
@@ -198,12 +223,20 @@ class _Validator:
         if r.attended is not None:
             a = r.attended
             if retention is None:
-                self.err("CLK020", f"region '{r.name}' declares an attended extent but no retention", a.span)
+                self.err(
+                    "CLK020",
+                    f"region '{r.name}' declares an attended extent but no retention",
+                    a.span,
+                )
             start = in_axis_unit(a.start, "attended start")
             stride = in_axis_unit(a.stride, "attended stride")
             flush = tuple(x for x in (in_axis_unit(f, "flush") for f in a.flush) if x is not None)
             if stride is not None and stride <= 0:
-                self.err("CLK021", f"attended stride of region '{r.name}' must be positive", a.stride.span)
+                self.err(
+                    "CLK021",
+                    f"attended stride of region '{r.name}' must be positive",
+                    a.stride.span,
+                )
                 stride = None
             if retention and retention[0] == "window" and stride and stride > bound:
                 self.err(
@@ -227,7 +260,11 @@ class _Validator:
                     a.start.span,
                 )
         if r.clock is not None and r.clock not in self.clocks:
-            self.err("CLK011", f"region '{r.name}' names unknown clock '{r.clock}'", spans.get("clock", r.span))
+            self.err(
+                "CLK011",
+                f"region '{r.name}' names unknown clock '{r.clock}'",
+                spans.get("clock", r.span),
+            )
 
         stock = None
         if r.stock is not None:
@@ -241,9 +278,16 @@ class _Validator:
             elif all(v is not None for v in values):
                 stock = tuple(v.value for v in values)
         self.out.regions[r.name] = RegionNumbers(
-            dims=tuple(dims), axis=axis, axis_clock=axis_clock, retention=retention,
-            bound=bound, start=start if start is not None else bound, stride=stride or 0,
-            flush=flush, envelope=bound, stock=stock,
+            dims=tuple(dims),
+            axis=axis,
+            axis_clock=axis_clock,
+            retention=retention,
+            bound=bound,
+            start=start if start is not None else bound,
+            stride=stride or 0,
+            flush=flush,
+            envelope=bound,
+            stock=stock,
         )
 
     def check_envelope(self, r: ir.Region) -> None:
@@ -262,7 +306,11 @@ class _Validator:
         if v is None:
             return
         if numbers.axis is None:
-            self.err("CLK012", f"region '{r.name}' has an envelope but no clock-extent axis", r.envelope.span)
+            self.err(
+                "CLK012",
+                f"region '{r.name}' has an envelope but no clock-extent axis",
+                r.envelope.span,
+            )
             return
         if v.unit != numbers.axis_clock:
             self.err(
@@ -286,12 +334,20 @@ class _Validator:
         if k.site is None:
             self.err("CLK025", f"callable '{k.name}' has no site", k.span)
         if k.per is not None and k.per not in self.clocks:
-            self.err("CLK011", f"callable '{k.name}' runs per unknown clock '{k.per}'", spans.get("per", k.span))
+            self.err(
+                "CLK011",
+                f"callable '{k.name}' runs per unknown clock '{k.per}'",
+                spans.get("per", k.span),
+            )
         config_names: set[str] = set()
         for cfg in k.configs:
             for n in cfg.names:
                 if n in config_names:
-                    self.err("CLK010", f"config variable '{n}' of callable '{k.name}' is declared twice", cfg.span)
+                    self.err(
+                        "CLK010",
+                        f"config variable '{n}' of callable '{k.name}' is declared twice",
+                        cfg.span,
+                    )
                 config_names.add(n)
             for values in cfg.values:
                 if len(values) != len(cfg.names):
@@ -306,12 +362,18 @@ class _Validator:
         for arg in k.args:
             dotted = arg.path.dotted()
             if dotted in seen_paths:
-                self.err("CLK010", f"argument '{dotted}' of callable '{k.name}' is declared twice", arg.span)
+                self.err(
+                    "CLK010",
+                    f"argument '{dotted}' of callable '{k.name}' is declared twice",
+                    arg.span,
+                )
             seen_paths.add(dotted)
             t = arg.type
             if isinstance(t, ir.RegionArg):
                 if t.region not in regions:
-                    self.err("CLK011", f"argument '{dotted}' names unknown region '{t.region}'", t.span)
+                    self.err(
+                        "CLK011", f"argument '{dotted}' names unknown region '{t.region}'", t.span
+                    )
                 arg_regions.add(t.region)
             elif isinstance(t, ir.TensorArg):
                 for d in t.dims:
@@ -329,7 +391,11 @@ class _Validator:
             if name not in regions:
                 self.err("CLK011", f"callable '{k.name}' aliases unknown region '{name}'", span)
             elif name not in arg_regions:
-                self.err("CLK040", f"aliased region '{name}' is not an argument of callable '{k.name}'", span)
+                self.err(
+                    "CLK040",
+                    f"aliased region '{name}' is not an argument of callable '{k.name}'",
+                    span,
+                )
         for name in k.writes:
             span = spans.get(f"writes:{name}", k.span)
             if name not in regions:
@@ -338,13 +404,25 @@ class _Validator:
                 self.err("CLK042", f"callable '{k.name}' writes immutable region '{name}'", span)
         for ret in k.retains:
             if ret.region not in regions:
-                self.err("CLK011", f"callable '{k.name}' retains unknown region '{ret.region}'", ret.span)
+                self.err(
+                    "CLK011", f"callable '{k.name}' retains unknown region '{ret.region}'", ret.span
+                )
             elif regions[ret.region].retention is None:
-                self.err("CLK041", f"region '{ret.region}' has no retention policy to apply", ret.span)
+                self.err(
+                    "CLK041", f"region '{ret.region}' has no retention policy to apply", ret.span
+                )
             elif regions[ret.region].mutability == "immutable":
-                self.err("CLK042", f"callable '{k.name}' retains into immutable region '{ret.region}'", ret.span)
+                self.err(
+                    "CLK042",
+                    f"callable '{k.name}' retains into immutable region '{ret.region}'",
+                    ret.span,
+                )
             if ret.source.root != "result":
-                self.err("CLK043", "a retained history is read from `result[...]`, the callable's output", ret.source.span)
+                self.err(
+                    "CLK043",
+                    "a retained history is read from `result[...]`, the callable's output",
+                    ret.source.span,
+                )
         for cond in k.admit:
             for side in (cond.left, cond.right):
                 self.eval(side, names={n: Value(0, None) for n in config_names} | {})

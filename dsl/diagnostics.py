@@ -65,7 +65,9 @@ def render(diagnostics: list[Diagnostic], path: str, source: str) -> str:
     lines = source.splitlines()
     out: list[str] = []
     for d in sorted(diagnostics, key=Diagnostic.sort_key):
-        out.append(f"{path}:{d.span.line}:{d.span.column}: {d.severity.value}[{d.code}]: {d.message}")
+        out.append(
+            f"{path}:{d.span.line}:{d.span.column}: {d.severity.value}[{d.code}]: {d.message}"
+        )
         if 1 <= d.span.line <= len(lines):
             text = lines[d.span.line - 1].rstrip()
             out.append(f"    {text}")

@@ -178,7 +178,10 @@ class _ToIR(Transformer):
 
     def product_clock(self, meta, c):
         node = ir.Clock(
-            name=str(c[0]), kind="product", factors=tuple(str(x) for x in c[1:]), span=_tok_span(c[0])
+            name=str(c[0]),
+            kind="product",
+            factors=tuple(str(x) for x in c[1:]),
+            span=_tok_span(c[0]),
         )
         return ("clock", node)
 
@@ -249,10 +252,14 @@ class _ToIR(Transformer):
         return ir.ScalarArg(type=str(c[0]), span=_span(meta))
 
     def prop_arg(self, meta, c):
-        return _Prop("args", ir.Arg(path=c[0], keyword=False, type=c[1], span=_span(meta)), _span(meta))
+        return _Prop(
+            "args", ir.Arg(path=c[0], keyword=False, type=c[1], span=_span(meta)), _span(meta)
+        )
 
     def prop_kwarg(self, meta, c):
-        return _Prop("args", ir.Arg(path=c[0], keyword=True, type=c[1], span=_span(meta)), _span(meta))
+        return _Prop(
+            "args", ir.Arg(path=c[0], keyword=True, type=c[1], span=_span(meta)), _span(meta)
+        )
 
     def prop_aliased(self, meta, c):
         return _Prop("aliased", c[0], _span(meta))
@@ -275,7 +282,9 @@ class _ToIR(Transformer):
 
     def prop_config(self, meta, c):
         names, values = c
-        return _Prop("configs", ir.Config(names=names, values=values, span=_span(meta)), _span(meta))
+        return _Prop(
+            "configs", ir.Config(names=names, values=values, span=_span(meta)), _span(meta)
+        )
 
     def condition(self, meta, c):
         return ir.Condition(left=c[0], op=str(c[1]), right=c[2], span=_span(meta))
@@ -330,11 +339,20 @@ class _ToIR(Transformer):
 
 def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | None:
     fields: dict = {
-        "determinism": [], "clocks": [], "consts": [], "regions": [], "callables": [], "constants": []
+        "determinism": [],
+        "clocks": [],
+        "consts": [],
+        "regions": [],
+        "callables": [],
+        "constants": [],
     }
     plural = {
-        "determinism": "determinism", "clock": "clocks", "const": "consts", "region": "regions",
-        "callable": "callables", "constant": "constants",
+        "determinism": "determinism",
+        "clock": "clocks",
+        "const": "consts",
+        "region": "regions",
+        "callable": "callables",
+        "constant": "constants",
     }
     for item in items:
         tag = item[0]

@@ -84,7 +84,14 @@ __all__ = [
 ]
 
 # Binding sites and the Binding record that generated bind() functions fill.
-from .binding import KNOWN_SETTINGS, Binding, apply_settings, infer_device, install_region, adopt_prefix  # noqa: E402
+from .binding import (
+    KNOWN_SETTINGS,
+    Binding,
+    apply_settings,
+    infer_device,
+    install_region,
+    adopt_prefix,
+)  # noqa: E402
 from .sites import SiteError, get_at, has_site, replace_at, set_at, update_at  # noqa: E402
 
 __all__ += [

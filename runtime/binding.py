@@ -81,8 +81,6 @@ def _region_stats(region: Any) -> dict:
     return out
 
 
-
-
 # Determinism settings a contract may pin, by the name it uses for them.
 _SETTINGS = {
     "cudnn.deterministic": ("backends.cudnn", "deterministic"),
@@ -116,7 +114,9 @@ def infer_device(model: Any):
     """The device of the first parameter or buffer found on `model` (or its attributes)."""
     import torch
 
-    candidates = [model] + [v for v in vars(model).values()] if hasattr(model, "__dict__") else [model]
+    candidates = (
+        [model] + [v for v in vars(model).values()] if hasattr(model, "__dict__") else [model]
+    )
     for obj in candidates:
         if isinstance(obj, torch.nn.Module):
             for t in list(obj.parameters()) + list(obj.buffers()):

@@ -29,7 +29,9 @@ _FACTORIES = {torch.tensor, torch.as_tensor}
 
 def _content_key(t: torch.Tensor) -> tuple:
     flat = t.detach().contiguous().reshape(-1)
-    digest = hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest() if flat.numel() else ""
+    digest = (
+        hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest() if flat.numel() else ""
+    )
     return (t.dtype, tuple(t.shape), digest)
 
 
@@ -54,7 +56,12 @@ class HostConstants(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _TO and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu":
+        if (
+            func in _TO
+            and args
+            and isinstance(args[0], torch.Tensor)
+            and args[0].device.type == "cpu"
+        ):
             src = args[0]
             if func is torch.Tensor.cuda:
                 target = torch.device("cuda") if not args[1:] and "device" not in kwargs else None
@@ -63,7 +70,9 @@ class HostConstants(TorchFunctionMode):
             else:
                 device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
                 if device is not None and _same_device(device, self.device):
-                    return self._serve(src.to(dtype) if dtype is not None else src, lambda: func(*args, **kwargs))
+                    return self._serve(
+                        src.to(dtype) if dtype is not None else src, lambda: func(*args, **kwargs)
+                    )
         if func in _FACTORIES:
             device = kwargs.get("device")
             if device is not None and _same_device(torch.device(device), self.device):
@@ -101,7 +110,9 @@ def istft_without_host_check(
     """ATen's istft (SpectralOps.cpp) for a complex, one-sided, real-output input, minus
     the NOLA `.item()` check. Anything outside that case is refused, never approximated."""
     if not input.is_complex() or return_complex or normalized or onesided is False:
-        raise NotImplementedError("istft_without_host_check covers complex one-sided real istft only")
+        raise NotImplementedError(
+            "istft_without_host_check covers complex one-sided real istft only"
+        )
     hop_length = hop_length if hop_length is not None else n_fft // 4
     win_length = win_length if win_length is not None else n_fft
     if window is None:

@@ -23,7 +23,9 @@ def get_at(obj: Any, steps: tuple[Step, ...], *, what: str = "site") -> Any:
         try:
             cur = getattr(cur, value) if kind == "attr" else cur[value]
         except (AttributeError, KeyError, IndexError, TypeError) as exc:
-            raise SiteError(f"{what} {format_path(steps)}: cannot resolve step {format_path(steps[: i + 1])}") from exc
+            raise SiteError(
+                f"{what} {format_path(steps)}: cannot resolve step {format_path(steps[: i + 1])}"
+            ) from exc
     return cur
 
 

@@ -90,7 +90,9 @@ def test_unreadable_file_is_a_diagnostic(tmp_path, capsys):
     assert "error[CLK005]: cannot read contract" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["check", "--help"], ["compile", "--help"], ["--version"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["check", "--help"], ["compile", "--help"], ["--version"]]
+)
 def test_help_and_version(argv):
     proc = subprocess.run(
         [sys.executable, "-m", "duplexcadence.compiler.cli", *argv], capture_output=True, text=True
@@ -101,6 +103,8 @@ def test_help_and_version(argv):
 
 def test_usage_error_exit_2():
     proc = subprocess.run(
-        [sys.executable, "-m", "duplexcadence.compiler.cli", "frobnicate"], capture_output=True, text=True
+        [sys.executable, "-m", "duplexcadence.compiler.cli", "frobnicate"],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -42,7 +42,9 @@ def _import_package(tmp_path: Path, files: dict, name: str):
     pkg.mkdir()
     for fname, text in files.items():
         (pkg / fname).write_text(text)
-    spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    spec = importlib.util.spec_from_file_location(
+        name, pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -15,8 +15,16 @@ from duplexcadence.dsl.parser import parse
 def numbers(start, stride, head, tail, kind="head_tail"):
     bound = head + tail if kind == "head_tail" else head
     return RegionNumbers(
-        dims=(None,), axis=0, axis_clock="frame", retention=(kind, (head, tail)),
-        bound=bound, start=start, stride=stride, flush=(), envelope=bound, stock=None,
+        dims=(None,),
+        axis=0,
+        axis_clock="frame",
+        retention=(kind, (head, tail)),
+        bound=bound,
+        start=start,
+        stride=stride,
+        flush=(),
+        envelope=bound,
+        stock=None,
     )
 
 
@@ -32,7 +40,9 @@ def brute_force(start, stride, bound, calls=10_000):
 
 
 @given(
-    head=st.integers(0, 400), tail=st.integers(1, 400), stride=st.integers(1, 120),
+    head=st.integers(0, 400),
+    tail=st.integers(1, 400),
+    stride=st.integers(1, 120),
     start_frac=st.floats(0, 1),
 )
 def test_catalog_width_matches_formula_and_brute_force(head, tail, stride, start_frac):
@@ -79,18 +89,27 @@ callable step {{
 
 BYTES = {"float32": 4, "float16": 2, "int64": 8}
 
-contract_params = st.fixed_dictionaries({
-    "head": st.integers(1, 200), "tail": st.integers(1, 200), "stride": st.integers(1, 80),
-    "lead": st.integers(1, 4), "trail": st.integers(1, 4),
-    "dtype": st.sampled_from(sorted(BYTES)),
-    "ns": st.lists(st.integers(1, 9), min_size=1, max_size=3, unique=True).map(lambda xs: ", ".join(map(str, xs))),
-    "start_frac": st.floats(0, 1),
-})
+contract_params = st.fixed_dictionaries(
+    {
+        "head": st.integers(1, 200),
+        "tail": st.integers(1, 200),
+        "stride": st.integers(1, 80),
+        "lead": st.integers(1, 4),
+        "trail": st.integers(1, 4),
+        "dtype": st.sampled_from(sorted(BYTES)),
+        "ns": st.lists(st.integers(1, 9), min_size=1, max_size=3, unique=True).map(
+            lambda xs: ", ".join(map(str, xs))
+        ),
+        "start_frac": st.floats(0, 1),
+    }
+)
 
 
 def render(params, budget=100_000):
     start = int(params["start_frac"] * params["head"])
-    return CONTRACT.format(budget=budget, start=start, **{k: v for k, v in params.items() if k != "start_frac"})
+    return CONTRACT.format(
+        budget=budget, start=start, **{k: v for k, v in params.items() if k != "start_frac"}
+    )
 
 
 @settings(max_examples=40, deadline=None)

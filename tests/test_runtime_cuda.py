@@ -302,7 +302,10 @@ def test_host_built_constants_and_istft_are_captured_exactly():
     torch.manual_seed(0)
     specs = [torch.randn(1, 9, 57, dtype=torch.complex64, device=dev) for _ in range(3)]
     for s in specs:
-        assert torch.equal(torch.istft(s, 16, 4, 16, window=window), istft_without_host_check(s, 16, 4, 16, window=window))
+        assert torch.equal(
+            torch.istft(s, 16, 4, 16, window=window),
+            istft_without_host_check(s, 16, 4, 16, window=window),
+        )
     engine = ExactShapeReplay(
         vocoder_like,
         name="vocoder_like",

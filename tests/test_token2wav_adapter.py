@@ -91,7 +91,9 @@ def test_retention_trimmed_in_place_at_one_address(bound):
     # the stock rule would have trimmed on chunks 3, 4 and 5; the writeback did instead
     assert bound["seen"]["lengths"] == [352, 402, 402, 402, 402, 402]
     assert bound["seen"]["ptrs"] == {carry.data_ptr()}
-    assert bound["seen"]["conformer_ptrs"] == {bound["binding"].regions["conformer_carry"].data_ptr()}
+    assert bound["seen"]["conformer_ptrs"] == {
+        bound["binding"].regions["conformer_carry"].data_ptr()
+    }
     # audit mode compared every writeback with the stock concatenation
     assert carry.audit_checks >= N_CHUNKS and carry.audit_divergences == 0
 
