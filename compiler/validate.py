@@ -8,6 +8,7 @@ and memory are computed by `analysis` from the `Checked` result.
 
 from __future__ import annotations
 
+import keyword
 from dataclasses import dataclass, field
 
 from duplexcadence.compiler import ir
@@ -16,6 +17,17 @@ from duplexcadence.dsl.diagnostics import Diagnostic, Span, error, warning
 
 DEFAULT_BUDGET = 64
 ROOT_CLOCK = "call"
+
+# Determinism settings the runtime knows how to pin (runtime/binding.py _SETTINGS;
+# a test keeps the two lists equal without making the compiler import torch).
+KNOWN_SETTINGS = frozenset(
+    {"cudnn.deterministic", "cudnn.benchmark", "cudnn.allow_tf32", "cuda.matmul.allow_tf32"}
+)
+# Region, callable and constant names become Python identifiers in the generated
+# adapter; these would be syntax errors or would shadow what bind() itself uses.
+RESERVED_NAMES = frozenset(
+    {"model", "device", "audit", "capture", "progress", "binding", "torch", "args", "kwargs"}
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,8 @@ class _Validator:
     # ------------------------------------------------------------ top level
     def run(self) -> Checked:
         self.check_unique_names()
+        self.check_generated_names()
+        self.check_determinism()
         self.check_budget()
         self.check_clocks()
         self.check_consts()
@@ -98,6 +112,28 @@ class _Validator:
                     )
                 else:
                     seen[node.name] = f"a {kind}"
+
+    def check_generated_names(self) -> None:
+        for nodes in (self.c.regions, self.c.callables, self.c.constants):
+            for node in nodes:
+                if keyword.iskeyword(node.name) or keyword.issoftkeyword(node.name):
+                    self.err("CLK017", f"'{node.name}' is a Python keyword; choose another name", node.span)
+                elif node.name in RESERVED_NAMES or node.name.startswith(("stock_", "_")):
+                    self.err(
+                        "CLK017",
+                        f"'{node.name}' is reserved in the generated adapter; choose another name",
+                        node.span,
+                    )
+        if keyword.iskeyword(self.c.name) or keyword.issoftkeyword(self.c.name):
+            self.err("CLK017", f"contract name '{self.c.name}' is a Python keyword", self.c.span)
+
+    def check_determinism(self) -> None:
+        for d in self.c.determinism:
+            if d.setting not in KNOWN_SETTINGS:
+                known = ", ".join(sorted(KNOWN_SETTINGS))
+                self.err("CLK016", f"unknown determinism setting '{d.setting}' (known: {known})", d.span)
+            elif not isinstance(d.value, bool):
+                self.err("CLK016", f"determinism setting '{d.setting}' takes true or false", d.span)
 
     def check_budget(self) -> None:
         if self.c.budget is not None and self.c.budget < 1:

@@ -56,3 +56,11 @@ def test_warning_does_not_fail(capsys):
     captured = capsys.readouterr()
     assert "warning[CLK501]" in captured.err
     assert "catalog width 2001 exceeds budget 64" in captured.err
+
+
+def test_compiler_knows_the_runtime_determinism_settings():
+    """The compiler validates settings without importing torch; the lists must agree."""
+    from duplexcadence.compiler.validate import KNOWN_SETTINGS as compiler_side
+    from duplexcadence.runtime import KNOWN_SETTINGS as runtime_side
+
+    assert compiler_side == runtime_side
