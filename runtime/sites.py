@@ -87,3 +87,20 @@ def update_at(container: Any, steps: tuple[Step, ...], fn) -> bool:
         return False
     set_at(container, steps, fn(leaf))
     return True
+
+
+def require_sites(obj: Any, sites: dict[str, tuple[Step, ...]]) -> None:
+    """Check every binding site before anything is changed, so a wrong object (or a
+    contract written for another version) fails with one clear error and leaves the
+    model untouched."""
+    missing = [
+        f"{name} at {format_path(steps)}"
+        for name, steps in sites.items()
+        if not has_site(obj, steps)
+    ]
+    if missing:
+        raise SiteError(
+            f"{type(obj).__name__} has no binding site for: "
+            + "; ".join(missing)
+            + " (nothing was changed)"
+        )

@@ -108,3 +108,16 @@ def test_generated_bind_is_exact_on_cpu(tmp_path):
     # every retention was audited, the bind-time adoption of the primed state included
     assert kv.audit_divergences == 0 and kv.audit_checks == len(xs) + kv.adoptions == len(xs) + 1
     assert binding.stats()["callables"]["step"]["misses"]  # CPU: eager, counted by reason
+
+
+def test_bind_to_the_wrong_object_fails_clearly_and_changes_nothing(tmp_path):
+    from duplexcadence.runtime import SiteError
+
+    result = _compile(GOLDEN / "streaming_cache")
+    adapter = _import_package(tmp_path, result.files, "golden_streaming_cache_wrong")
+    model = _Model()
+    del model.scratch  # a model of another version: one declared site is missing
+    before = dict(vars(model))
+    with pytest.raises(SiteError, match=r"scratch at scratch.*nothing was changed"):
+        adapter.bind(model, device="cpu")
+    assert vars(model) == before

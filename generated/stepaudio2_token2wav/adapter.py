@@ -17,6 +17,7 @@ from duplexcadence.runtime import (
     infer_device,
     install_region,
     replace_at,
+    require_sites,
     set_at,
     update_at,
 )
@@ -51,6 +52,17 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
     On CUDA every capturable callable is pre-captured here, before traffic. On
     any other device everything runs eagerly (and must already be bit-exact).
     """
+    require_sites(
+        model,
+        {
+            "dit_workspace": REGION_SITES["dit_workspace"],
+            "estimator_cnn": REGION_SITES["estimator_cnn"],
+            "solver_workspace": REGION_SITES["solver_workspace"],
+            "flow_chunk": CALLABLE_SITES["flow_chunk"],
+            "vocoder": CALLABLE_SITES["vocoder"],
+            "stft_window": CONSTANT_SITES["stft_window"],
+        },
+    )
     device = torch.device(device) if device is not None else infer_device(model)
     binding = Binding(CONTRACT, device, determinism=apply_settings(DETERMINISM))
 

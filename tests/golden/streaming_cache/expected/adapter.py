@@ -17,6 +17,7 @@ from duplexcadence.runtime import (
     infer_device,
     install_region,
     replace_at,
+    require_sites,
     set_at,
     update_at,
 )
@@ -39,6 +40,15 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
     On CUDA every capturable callable is pre-captured here, before traffic. On
     any other device everything runs eagerly (and must already be bit-exact).
     """
+    require_sites(
+        model,
+        {
+            "scratch": REGION_SITES["scratch"],
+            "noisy": CALLABLE_SITES["noisy"],
+            "step": CALLABLE_SITES["step"],
+            "table": CONSTANT_SITES["table"],
+        },
+    )
     device = torch.device(device) if device is not None else infer_device(model)
     binding = Binding(CONTRACT, device, determinism=apply_settings(DETERMINISM))
 
