@@ -46,7 +46,7 @@ def format_report(items: Iterable[object], width: int = 120) -> str:
             "misses",
             "invalid.",
             "capture s",
-            "pool MiB",
+            "capture alloc MiB",
         ):
             t.add_column(
                 col, justify="left" if col in ("callable", "effect", "misses") else "right"
@@ -62,7 +62,9 @@ def format_report(items: Iterable[object], width: int = 120) -> str:
                 misses,
                 str(s["invalidations"]),
                 f"{s['capture_s']:.3f}",
-                _mib(s["capture_reserved_bytes"]),
+                # allocated, not reserved: the caching allocator may release other
+                # blocks while capturing, which makes a reserved delta negative
+                _mib(s["capture_allocated_bytes"]),
             )
         console.print(t)
         for s in replays:
