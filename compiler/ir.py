@@ -142,11 +142,12 @@ class TensorArg(Node):
     kind: Literal["tensor"] = "tensor"
     dtype: DType
     dims: tuple[Expr, ...]
+    strides: tuple[Expr, ...] | None = None  # None: contiguous
 
 
 class ScalarArg(Node):
     kind: Literal["scalar"] = "scalar"
-    type: Literal["bool", "int", "float"]
+    type: Literal["bool", "int", "float", "none"]
 
 
 ArgType = Annotated[Union[RegionArg, TensorArg, ScalarArg], Field(discriminator="kind")]

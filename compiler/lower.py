@@ -48,7 +48,13 @@ def _leaf_code(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> str:
     if isinstance(t, ir.TensorArg):
         env = {n: _value(v) for n, v in config.items()}
         dims = tuple(_eval(d, checked, env) for d in t.dims)
-        return f"TensorSpec({dims!r}, torch.{t.dtype if t.dtype != 'bool8' else 'bool'})"
+        dtype = f"torch.{t.dtype if t.dtype != 'bool8' else 'bool'}"
+        if t.strides is not None:
+            strides = tuple(_eval(d, checked, env) for d in t.strides)
+            return f"TensorSpec({dims!r}, {dtype}, stride={strides!r})"
+        return f"TensorSpec({dims!r}, {dtype})"
+    if t.type == "none":
+        return "None"
     return repr(config[arg.path.root])
 
 
@@ -142,6 +148,14 @@ def lower(
 ) -> dict:
     c = checked.contract
     by_name = {r.name: r for r in analysis.regions}
+    # A region with no site that no callable reads or writes documents the stock
+    # state (e.g. a vendor ring that already is demand-sized): bind() allocates nothing.
+    used = {r.name for r in c.regions if r.site is not None}
+    for k in c.callables:
+        used.update(a.type.region for a in k.args if isinstance(a.type, ir.RegionArg))
+        used.update(k.writes)
+        used.update(k.aliased)
+        used.update(r.region for r in k.retains)
     regions = []
     for r in sorted(c.regions, key=lambda r: r.name):
         a = by_name[r.name]
@@ -171,6 +185,7 @@ def lower(
                 "rho": a.rho,
                 "attended": list(a.attended),
                 "address": r.address,
+                "allocated": r.name in used,
                 "note": r.note,
             }
         )

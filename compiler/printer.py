@@ -82,7 +82,8 @@ def _arg_type(t) -> str:
     if isinstance(t, ir.RegionArg):
         return f"region {t.region}"
     if isinstance(t, ir.TensorArg):
-        return f"{t.dtype} {dims(t.dims)}"
+        text = f"{t.dtype} {dims(t.dims)}"
+        return text + (f" strides {dims(t.strides)}" if t.strides is not None else "")
     return t.type
 
 

@@ -117,7 +117,11 @@ class _Validator:
         for nodes in (self.c.regions, self.c.callables, self.c.constants):
             for node in nodes:
                 if keyword.iskeyword(node.name) or keyword.issoftkeyword(node.name):
-                    self.err("CLK017", f"'{node.name}' is a Python keyword; choose another name", node.span)
+                    self.err(
+                        "CLK017",
+                        f"'{node.name}' is a Python keyword; choose another name",
+                        node.span,
+                    )
                 elif node.name in RESERVED_NAMES or node.name.startswith(("stock_", "_")):
                     self.err(
                         "CLK017",
@@ -131,7 +135,9 @@ class _Validator:
         for d in self.c.determinism:
             if d.setting not in KNOWN_SETTINGS:
                 known = ", ".join(sorted(KNOWN_SETTINGS))
-                self.err("CLK016", f"unknown determinism setting '{d.setting}' (known: {known})", d.span)
+                self.err(
+                    "CLK016", f"unknown determinism setting '{d.setting}' (known: {known})", d.span
+                )
             elif not isinstance(d.value, bool):
                 self.err("CLK016", f"determinism setting '{d.setting}' takes true or false", d.span)
 
@@ -412,8 +418,16 @@ class _Validator:
                     )
                 arg_regions.add(t.region)
             elif isinstance(t, ir.TensorArg):
-                for d in t.dims:
+                for d in t.dims + (t.strides or ()):
                     self.eval(d, names=sample)
+                if t.strides is not None and len(t.strides) != len(t.dims):
+                    self.err(
+                        "CLK028",
+                        f"argument '{dotted}' has {len(t.dims)} dims but {len(t.strides)} strides",
+                        t.span,
+                    )
+            elif t.type == "none":
+                pass  # always None: keyed by value, nothing to configure
             else:
                 if arg.path.steps or arg.path.root not in config_names:
                     self.err(

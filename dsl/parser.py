@@ -23,7 +23,7 @@ _FRIENDLY = {
     "INT": "an integer",
     "STRING": 'a "string"',
     "DTYPE": "a dtype (float32, bfloat16, int64, ...)",
-    "SCALAR_TYPE": "a scalar type (bool, int, float)",
+    "SCALAR_TYPE": "a scalar type (bool, int, float, none)",
     "LIFETIME": "a lifetime (operator, unit, chunk, turn, session, process)",
     "MUTABILITY": "a mutability (immutable, mutable, copy_on_write)",
     "ADDRESS": "an address kind (stable, moves)",
@@ -245,8 +245,11 @@ class _ToIR(Transformer):
     def region_arg(self, meta, c):
         return ir.RegionArg(region=str(c[0]), span=_span(meta))
 
+    def strides(self, meta, c):
+        return c[0]
+
     def tensor_arg(self, meta, c):
-        return ir.TensorArg(dtype=str(c[0]), dims=c[1], span=_span(meta))
+        return ir.TensorArg(dtype=str(c[0]), dims=c[1], strides=c[2], span=_span(meta))
 
     def scalar_arg(self, meta, c):
         return ir.ScalarArg(type=str(c[0]), span=_span(meta))

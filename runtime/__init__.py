@@ -92,7 +92,15 @@ from .binding import (
     install_region,
     adopt_prefix,
 )  # noqa: E402
-from .sites import SiteError, get_at, has_site, replace_at, require_sites, set_at, update_at  # noqa: E402
+from .sites import (
+    SiteError,
+    get_at,
+    has_site,
+    replace_at,
+    require_sites,
+    set_at,
+    update_at,
+)  # noqa: E402
 
 __all__ += [
     "KNOWN_SETTINGS",

@@ -20,6 +20,7 @@ class Binding:
     regions: dict[str, Any] = field(default_factory=dict)
     replays: dict[str, Any] = field(default_factory=dict)
     eager: dict[str, str] = field(default_factory=dict)  # callable -> why it stays eager
+    declared: dict[str, str] = field(default_factory=dict)  # region -> why nothing was allocated
     constants: dict[str, str] = field(default_factory=dict)  # host constant -> what was done
     _undo: list[tuple[Any, tuple[Step, ...], Any]] = field(default_factory=list, repr=False)
 
@@ -50,6 +51,7 @@ class Binding:
             "determinism": self.determinism,
             "callables": {name: r.stats() for name, r in self.replays.items()},
             "eager": dict(self.eager),
+            "declared": dict(self.declared),
             "regions": {name: _region_stats(r) for name, r in self.regions.items()},
             "constants": dict(self.constants),
         }
@@ -64,6 +66,8 @@ class Binding:
             lines.append(f"  callable {name}: eager ({why})")
         for name, what in self.constants.items():
             lines.append(f"  constant {name}: {what}")
+        for name, why in self.declared.items():
+            lines.append(f"  region {name}: {why}")
         return "\n".join(lines)
 
 

@@ -181,3 +181,21 @@ def _blocks(text):
             blocks.append("\n".join(current))
             current = []
     return blocks
+
+
+def test_shipped_contracts_round_trip():
+    """Every construct the shipped contracts use (strides, none, flush-free attended,
+    envelopes, constants) prints and parses back to the same IR."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    paths = sorted((root / "contracts").glob("*.clock")) + sorted(
+        (root / "tests" / "golden").glob("*/contract.clock")
+    )
+    assert len(paths) >= 3
+    for path in paths:
+        contract, diags = parse(path.read_text())
+        assert not diags, path
+        again, diags = parse(print_contract(contract))
+        assert not diags, path
+        assert again.model_dump() == contract.model_dump(), path

@@ -67,6 +67,7 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
     binding = Binding(CONTRACT, device, determinism=apply_settings(DETERMINISM))
 
     # Regions: allocated once at demand size; carries adopt the live stock state.
+    binding.declared["hift_mel_cache"] = "declared only: no site and no callable uses it"
     conformer_carry = CarryRegion(
         REGIONS["conformer_carry"], RETENTIONS["conformer_carry"], device, audit=audit
     )
@@ -85,8 +86,6 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
     estimator_cnn = Region.allocate(REGIONS["estimator_cnn"], device)
     install_region(binding, model, REGION_SITES["estimator_cnn"], estimator_cnn)
     binding.regions["estimator_cnn"] = estimator_cnn
-    hift_mel_cache = Region.allocate(REGIONS["hift_mel_cache"], device)
-    binding.regions["hift_mel_cache"] = hift_mel_cache
     solver_workspace = Region.allocate(REGIONS["solver_workspace"], device)
     install_region(binding, model, REGION_SITES["solver_workspace"], solver_workspace)
     binding.regions["solver_workspace"] = solver_workspace
