@@ -57,6 +57,9 @@ from typing import Any
 
 import torch
 
+from bench.workloads import installed_version as _installed_version
+from bench.workloads import release_missing, subseed
+
 DIST_NAME = "moshi"
 DIST_VERSION = "0.2.13"
 
@@ -110,29 +113,24 @@ TINY_LM_KWARGS: dict[str, Any] = {
 
 
 def _subseed(seed: int, k: int) -> int:
-    return 16 * seed + k
+    return subseed(seed, k)
 
 
 def installed_version() -> str | None:
-    try:
-        return importlib.metadata.version(DIST_NAME)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return _installed_version(DIST_NAME)
 
 
 def unavailable_reason() -> str | None:
     """Why the stock workload cannot be built here (None when it can)."""
-    if importlib.util.find_spec("moshi") is None:
-        return (
-            f"moshi ({DIST_NAME}=={DIST_VERSION}) is not importable: "
-            "pip install --no-deps -r bench/requirements-moshi.txt"
-        )
-    version = installed_version()
-    if version != DIST_VERSION:
-        return f"{DIST_NAME} {version} is installed; the stock workload is {DIST_VERSION}"
-    for dep in ("numpy", "einops", "safetensors", "huggingface_hub", "sentencepiece"):
-        if importlib.util.find_spec(dep) is None:
-            return f"{dep} is not installed (bench/requirements-moshi.txt)"
+    reason = release_missing(
+        "moshi",
+        DIST_NAME,
+        DIST_VERSION,
+        "bench/requirements-moshi.txt",
+        ("numpy", "einops", "safetensors", "huggingface_hub", "sentencepiece"),
+    )
+    if reason is not None:
+        return reason
     try:
         import moshi.models  # noqa: F401
     except ImportError as exc:  # a transitive import of huggingface_hub etc.

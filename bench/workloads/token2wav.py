@@ -52,6 +52,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.workloads import installed_version as _installed_version
+from bench.workloads import release_missing, subseed
+
 DIST_NAME = "minicpmo-utils"
 DIST_VERSION = "1.0.6"
 
@@ -152,31 +155,23 @@ _modules_cache: types.SimpleNamespace | None = None
 
 
 def _subseed(seed: int, k: int) -> int:
-    return 16 * int(seed) + k
+    return subseed(seed, k)
 
 
 def installed_version() -> str | None:
     """Version of the installed ``minicpmo-utils`` distribution, or None."""
-    try:
-        return importlib.metadata.version(DIST_NAME)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return _installed_version(DIST_NAME)
 
 
 def unavailable_reason() -> str | None:
     """Why the stock workload cannot be built here (None when it can)."""
-    if importlib.util.find_spec("stepaudio2") is None:
-        return (
-            f"stepaudio2 ({DIST_NAME}=={DIST_VERSION}) is not importable: "
-            "pip install --no-deps -r bench/requirements-token2wav.txt"
-        )
-    version = installed_version()
-    if version != DIST_VERSION:
-        return f"{DIST_NAME} {version} is installed; the stock workload is {DIST_VERSION}"
-    for dep in ("einops", "scipy", "numpy"):
-        if importlib.util.find_spec(dep) is None:
-            return f"{dep} is not installed (bench/requirements-token2wav.txt)"
-    return None
+    return release_missing(
+        "stepaudio2",
+        DIST_NAME,
+        DIST_VERSION,
+        "bench/requirements-token2wav.txt",
+        ("einops", "scipy", "numpy"),
+    )
 
 
 def _stand_in(name: str, attrs: tuple[str, ...]) -> types.ModuleType:
