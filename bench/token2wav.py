@@ -58,6 +58,7 @@ chunks in every cell), plus one SHA per chunk so a divergence can be located.
 from __future__ import annotations
 
 import argparse
+import importlib
 import collections
 import contextlib
 import gc
@@ -93,6 +94,10 @@ class Cell:
     replay: bool = False
     needs_cuda: bool = False
     reason: str = ""
+    # the generated adapter the cell binds, and whether it binds before the model
+    # reaches the device (the state rule) or after priming (stock buffers kept)
+    adapter: str = "stepaudio2_token2wav"
+    bind_before_priming: bool = True
 
 
 CELLS: dict[str, Cell] = {
@@ -119,14 +124,15 @@ CELLS: dict[str, Cell] = {
         ),
         Cell(
             "Rc",
-            "replay at the chunk clock, stock state (no state rule)",
-            False,
-            reason=(
-                "the generated adapter has no 'replay without regions' mode: without the state "
-                "rule the stock torch.cat trim gives both attention carries a new address every "
-                "chunk, so the capture would have to stage them into stock-envelope buffers; "
-                "that variant is not generated"
-            ),
+            "replay at the chunk clock, stock state (no state rule): "
+            "contracts/stepaudio2_token2wav_replay_only.clock binds the stock buffers as they "
+            "are and stages the moving stock carry into captured buffers of its stock layout",
+            True,
+            bind=True,
+            replay=True,
+            needs_cuda=True,
+            adapter="stepaudio2_token2wav_replay_only",
+            bind_before_priming=False,
         ),
         Cell(
             "SR",
@@ -455,16 +461,19 @@ def _binder(cell: Cell, device: Any, held: list) -> Any:
             f"cell {cell.name} needs replay {'enabled' if cell.replay else 'disabled'} but "
             f"replay_enabled() is {replay_enabled()} ({DISABLE_ENV}={os.environ.get(DISABLE_ENV)!r})"
         )
-    from duplexcadence.generated import stepaudio2_token2wav as adapter
-
-    return lambda model: held.append(
+    adapter = importlib.import_module(f"duplexcadence.generated.{cell.adapter}")
+    bind = lambda model: held.append(  # noqa: E731
         adapter.bind(model, device=device, audit=False, capture=False, progress=False)
     )
+    return bind if cell.bind_before_priming else None
 
 
 def _setup_cell(cell: Cell, t2w: Any, device: Any, info: dict, binding: Any = None) -> Any:
     """Finish the cell on the built, primed object; returns the Binding (or None)."""
     if cell.bind:
+        if binding is None:  # binds the primed model, keeping its stock buffers
+            adapter = importlib.import_module(f"duplexcadence.generated.{cell.adapter}")
+            binding = adapter.bind(t2w, device=device, audit=False, capture=False, progress=False)
         binding.capture(progress=False)  # before traffic; a no-op with replay disabled
         info["binding_determinism"] = binding.determinism
         info["binding_constants"] = dict(binding.constants)

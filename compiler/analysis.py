@@ -143,6 +143,8 @@ def analyse_region(r: ir.Region, n: RegionNumbers) -> RegionAnalysis:
         if n.envelope
         else tuple(1 if d is None else d for d in n.dims)
     )
+    if r.allocate == "stock" and n.stock is not None:
+        shape = n.stock  # the stock tensor itself is the region
     steady = attended_sequence(n)
     bytes_per = DTYPE_BYTES[r.dtype]
     demand = _elements(shape) * bytes_per

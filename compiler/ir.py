@@ -128,6 +128,9 @@ class Region(Node):
     envelope: Expr | None = None
     stock: tuple[Expr, ...] | None = None
     address: Literal["stable", "moves"] = "stable"
+    # demand: bind() allocates the demand-sized region; stock: the region *is* the stock
+    # tensor at its site (no state rule), still pointer-checked as write-through
+    allocate: Literal["demand", "stock"] = "demand"
     site: Path | None = None
     note: str | None = None
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)

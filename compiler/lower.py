@@ -186,6 +186,7 @@ def lower(
                 "attended": list(a.attended),
                 "address": r.address,
                 "allocated": r.name in used,
+                "adopt_stock": r.allocate == "stock",
                 "note": r.note,
             }
         )

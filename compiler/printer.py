@@ -71,6 +71,8 @@ def _region(r: ir.Region) -> list[str]:
     if r.stock is not None:
         out.append(f"  stock {dims(r.stock)}")
     out.append(f"  address {r.address}")
+    if r.allocate != "demand":
+        out.append(f"  allocate {r.allocate}")
     if r.site:
         out.append(f"  site {path(r.site)}")
     if r.note is not None:

@@ -319,6 +319,19 @@ class _Validator:
                 )
             elif all(v is not None for v in values):
                 stock = tuple(v.value for v in values)
+        if r.allocate == "stock":
+            if r.site is None or stock is None:
+                self.err(
+                    "CLK025",
+                    f"region '{r.name}' allocates stock: it needs a site and its stock dims",
+                    spans.get("allocate", r.span),
+                )
+            elif r.retention is not None:
+                self.err(
+                    "CLK041",
+                    f"region '{r.name}' allocates stock, so it cannot retain by writeback",
+                    spans.get("allocate", r.span),
+                )
         self.out.regions[r.name] = RegionNumbers(
             dims=tuple(dims),
             axis=axis,

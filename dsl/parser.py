@@ -27,6 +27,7 @@ _FRIENDLY = {
     "LIFETIME": "a lifetime (operator, unit, chunk, turn, session, process)",
     "MUTABILITY": "a mutability (immutable, mutable, copy_on_write)",
     "ADDRESS": "an address kind (stable, moves)",
+    "ALLOCATION": "an allocation (demand, stock)",
     "EFFECT": "an effect (none, device_rng, host_rng)",
     "MODE": "a mode (replay, eager)",
     "INSTALL": "an install kind (device_buffer, hoisted, left_eager)",
@@ -207,6 +208,7 @@ class _ToIR(Transformer):
     prop_envelope = _prop("envelope")
     prop_stock = _prop("stock")
     prop_address = _prop("address")
+    prop_allocate = _prop("allocate")
     prop_site = _prop("site")
     prop_per = _prop("per")
     prop_effects = _prop("effects")
