@@ -958,7 +958,6 @@ def build_document(
 
 
 def driver_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from bench import report
 
     cells = [c for c in args.cells if CELLS[c].implemented]
     skipped = [c for c in args.cells if not CELLS[c].implemented]
@@ -1004,12 +1003,7 @@ def driver_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     doc["wall_s"] = time.perf_counter() - t_start
     doc["complete"] = True
     _write_json(out.with_suffix(".json"), doc)
-    md = report.markdown(doc)
-    png_note = report.plot(doc, out.with_suffix(".png"))
-    if png_note:
-        md += f"\n{png_note}\n"
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    png_note = _write_reports(doc, out)
     print(
         f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}"
         + ("" if png_note else f", {out.with_suffix('.png')}"),
@@ -1137,7 +1131,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def rerender(path: Path) -> int:
     """Re-aggregate an existing result JSON (e.g. a partial one) and rewrite .json/.md/.png."""
-    from bench import report, stats
+    from bench import stats
 
     path = Path(path)
     doc = json.loads(path.read_text())
@@ -1147,13 +1141,21 @@ def rerender(path: Path) -> int:
         what = doc["cells"].get(name, {}).get("what", CELLS[name].what if name in CELLS else "")
         doc["cells"][name] = {"what": what, **agg[name]}
     _write_json(path.with_suffix(".json"), doc)
-    md = report.markdown(doc)
-    note = report.plot(doc, path.with_suffix(".png"))
-    if note:
-        md += f"\n{note}\n"
-    path.with_suffix(".md").write_text(md)
-    print(md)
+    _write_reports(doc, path)
     return 0
+
+
+def _write_reports(doc: dict, out: Path) -> str | None:
+    """The markdown table and the plot beside the JSON; returns the plot's note, if any."""
+    from bench import report
+
+    md = report.markdown(doc)
+    png_note = report.plot(doc, out.with_suffix(".png"))
+    if png_note:
+        md += f"\n{png_note}\n"
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    return png_note
 
 
 def main(argv: Sequence[str] | None = None) -> int:

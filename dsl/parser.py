@@ -110,9 +110,6 @@ class _ToIR(Transformer):
     def string_lit(self, meta, c):
         return c[0][1:-1]
 
-    def literal(self, meta, c):  # pragma: no cover - aliased away
-        return c[0]
-
     def quantity(self, meta, c):
         value, unit = c
         return ir.Quantity(value=int(value), unit=str(unit) if unit else None, span=_span(meta))

@@ -140,14 +140,14 @@ def install_region(binding: Binding, model: Any, steps, region: Any) -> None:
 
     stock = get_at(model, steps)
     if isinstance(stock, torch.Tensor):
-        target = region.tensor
-        if stock.dim() != target.dim() or any(s < t for s, t in zip(stock.shape, target.shape)):
+        leading = _leading_part(stock, tuple(region.tensor.shape))
+        if leading is None:
             raise ValueError(
                 f"region {region.name}: stock tensor {tuple(stock.shape)} at {format_path(steps)} "
-                f"cannot hold the declared shape {tuple(target.shape)}"
+                f"cannot hold the declared shape {tuple(region.tensor.shape)}"
             )
         with torch.no_grad():
-            target.copy_(stock[tuple(slice(0, n) for n in target.shape)])
+            region.tensor.copy_(leading)
     # The stock buffer is not remembered for unbind(): holding it would keep the
     # implementation-constant envelope alive, the very memory the region saves.
     set_at(model, steps, region.tensor)
@@ -166,8 +166,17 @@ def adopt_prefix(region: Any, tensor: Any) -> Any:
         return tensor
     if tensor.data_ptr() == target.data_ptr() and tensor.shape == target.shape:
         return tensor
-    if tensor.dim() != target.dim() or any(s < t for s, t in zip(tensor.shape, target.shape)):
+    leading = _leading_part(tensor, tuple(target.shape))
+    if leading is None:
         return tensor  # not this region's state: leave it; admission decides
     with torch.no_grad():
-        target.copy_(tensor[tuple(slice(0, n) for n in target.shape)])
+        target.copy_(leading)
     return target
+
+
+def _leading_part(stock: Any, shape: tuple[int, ...]) -> Any:
+    """The leading `shape` block of a (possibly larger) stock tensor, or None if it
+    cannot hold that shape. Only the leading part of a stock envelope is ever read."""
+    if stock.dim() != len(shape) or any(s < t for s, t in zip(stock.shape, shape)):
+        return None
+    return stock[tuple(slice(0, n) for n in shape)]
