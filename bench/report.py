@@ -57,12 +57,27 @@ def _ci_note(doc: dict) -> str:
 def markdown(doc: dict) -> str:
     s = doc.get("settings", {})
     det = doc.get("determinism", {})
+    calls = doc.get("calls") or []
+    if len(calls) > 1:
+        head = [f"- {len(calls)} calls merged into this document (blocks paired across calls):"]
+        for c in calls:
+            head.append(
+                f"  - call {c.get('index', '?')}: `{c.get('command')}` — git `{c.get('git_commit')}`"
+                + (" (dirty tree)" if c.get("git_dirty") else "")
+                + (f", hosts {', '.join(c['hosts'])}" if c.get("hosts") else "")
+                + (f", {c['wall_s']:.0f} s" if c.get("wall_s") is not None else "")
+                + (f", {len(c['skipped'])} worker(s) not launched" if c.get("skipped") else "")
+            )
+    else:
+        head = [
+            f"- command: `{doc.get('command')}`",
+            f"- git commit: `{doc.get('git_commit')}`"
+            + (" (dirty tree)" if doc.get("git_dirty") else ""),
+        ]
     lines = [
         "# Token2Wav streaming benchmark (minicpmo-utils 1.0.6, seeded random weights, fp32, batch 1)",
         "",
-        f"- command: `{doc.get('command')}`",
-        f"- git commit: `{doc.get('git_commit')}`"
-        + (" (dirty tree)" if doc.get("git_dirty") else ""),
+        *head,
         f"- torch {doc.get('torch')}, CUDA {doc.get('cuda')}, cuDNN {doc.get('cudnn')}, "
         f"device {doc.get('gpu')}, Python {doc.get('python')}",
         f"- determinism envelope in every cell: "
@@ -80,14 +95,18 @@ def markdown(doc: dict) -> str:
     notes = []
     for name, c in doc.get("cells", {}).items():
         status = c.get("status")
-        if status in ("not implemented", "not run"):
+        if status in ("not implemented", "not run", "skipped"):
             notes.append(f"- **{name}** ({status}): {c.get('what')} — {c.get('reason')}")
             continue
         if status == "failed":
-            errs = "; ".join(f"block {e['block']}: {e.get('error')}" for e in c.get("errors", []))
+            errs = "; ".join(
+                f"block {e['block']} {e.get('status')}: {e.get('error')}"
+                for e in c.get("errors", [])
+            )
             lines.append(f"| {name} | failed | " + " | ".join(["–"] * 15) + " |")
-            notes.append(f"- **{name}** failed: {errs}")
+            notes.append(f"- **{name}** failed ({c.get('reason')}): {errs}")
             continue
+        inexact = name != REF and not c.get("exact")
         launches = c.get("kernel_launch_calls_per_chunk")
         graphs = c.get("graph_launch_calls_per_chunk")
         lc = _f(launches, "{:.0f}")
@@ -102,7 +121,11 @@ def markdown(doc: dict) -> str:
                     _exact(name, c),
                     _f(c.get("p50_ms")),
                     _f(c.get("p95_ms")),
-                    "1 (ref)" if name == REF else _ratio(c.get("speedup_vs_" + REF)),
+                    (
+                        "1 (ref)"
+                        if name == REF
+                        else _ratio(c.get("speedup_vs_" + REF)) + (" †" if inexact else "")
+                    ),
                     _f(c.get("busy_ms")),
                     _f(c.get("wall_over_busy"), "{:.2f}"),
                     _f(c.get("kernels_per_chunk"), "{:.0f}"),
@@ -125,11 +148,31 @@ def markdown(doc: dict) -> str:
             + " |"
         )
         if status == "partial":
-            errs = "; ".join(f"block {e['block']}: {e.get('error')}" for e in c.get("errors", []))
-            notes.append(f"- **{name}** partial: {errs}")
-        if name != REF and not c.get("exact"):
+            errs = "; ".join(
+                f"block {e['block']} {e.get('status')}: {e.get('error')}"
+                for e in c.get("errors", [])
+            )
+            notes.append(f"- **{name}** partial ({c.get('blocks_ok')} blocks): {errs}")
+        if inexact:
             notes.append(
-                f"- **{name}** is not bit-exact vs B0 ({c.get('exact_blocks')} blocks equal): not a result."
+                f"- **{name}** is not bit-exact vs B0 ({c.get('exact_blocks')} blocks equal): "
+                "not a result (its speedup is marked †)."
+            )
+        vg = c.get("vendor_graphs")
+        if vg:
+            notes.append(
+                f"- **{name}** vendor DiT graphs: buckets {vg.get('buckets')} (max attended "
+                f"cache {vg.get('max_size')}); {vg.get('bucket_replays')} graph replays of "
+                f"{vg.get('estimator_calls')} estimator calls over {vg.get('blocks')} block(s)."
+            )
+        cp = c.get("compile")
+        if cp:
+            notes.append(
+                f"- **{name}** torch.compile {cp.get('compile_kwargs')}: compile + first calls "
+                f"{_f(cp.get('compile_and_first_calls_s'))} s (median; outside the window), "
+                f"{_f(cp.get('frames_compiled'), '{:.0f}')} frames compiled, "
+                f"{_f(cp.get('graph_breaks'), '{:.0f}')} graph breaks, "
+                f"{cp.get('frames_compiled_in_window')} frames compiled inside the window."
             )
     lines.append("")
     lines.append(

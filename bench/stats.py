@@ -17,7 +17,10 @@ Conventions (DESIGN §6):
   interval (``ci95`` is None and ``ci_method`` says so). With 2-4 blocks the interval
   is valid under a log-normal assumption but wide; that is what it should be.
 * ``exact`` is True only when the cell produced a float32 PCM SHA-256 in **every**
-  block and each equals the reference's SHA in that block.
+  block and each equals the reference's SHA in that block. ``counts_as_result`` is
+  ``exact`` and ran in every block; a cell without it is reported, never claimed.
+* A cell's status: ``ok`` (every block), ``partial`` (some blocks; the others failed or
+  were skipped), ``failed`` (none ran through), ``skipped`` (none was launched).
 """
 
 from __future__ import annotations
@@ -240,6 +243,46 @@ def replay_summary(results: Sequence[Mapping[str, Any] | None]) -> dict | None:
     }
 
 
+def vendor_graph_summary(results: Sequence[Mapping[str, Any] | None]) -> dict | None:
+    """Vendor DiT graph counters of the vendor_* controls summed over ok blocks."""
+    ok = [r for r in results if r and r.get("status") == "ok"]
+    sets = [(r.get("setup") or {}) for r in ok]
+    sets = [x for x in sets if x.get("vendor_counts") is not None]
+    if not sets:
+        return None
+    return {
+        "blocks": len(sets),
+        "buckets": sets[0].get("vendor_buckets"),
+        "max_size": sets[0].get("vendor_max_size"),
+        "estimator_calls": sum(int(x["vendor_counts"].get("estimator_calls", 0)) for x in sets),
+        "bucket_replays": sum(int(x["vendor_counts"].get("bucket_replays", 0)) for x in sets),
+    }
+
+
+def compile_summary(results: Sequence[Mapping[str, Any] | None]) -> dict | None:
+    """compile_ro's compile figures: medians over ok blocks, frames compiled in total and
+    inside the window summed (a frame compiled in the window is a recompile there)."""
+    sets = [
+        (r.get("setup") or {})
+        for r in results
+        if r and r.get("status") == "ok" and (r.get("setup") or {}).get("compile_kwargs")
+    ]
+    if not sets:
+        return None
+    return {
+        "blocks": len(sets),
+        "compile_and_first_calls_s": median(x.get("compile_and_first_calls_s") for x in sets),
+        "compile_and_first_calls_s_by_block": [x.get("compile_and_first_calls_s") for x in sets],
+        "frames_compiled": median(x.get("frames_compiled") for x in sets),
+        "unique_graphs": median(x.get("unique_graphs") for x in sets),
+        "graph_breaks": median(x.get("graph_breaks") for x in sets),
+        "frames_compiled_in_window": sum(
+            int(x.get("frames_compiled_in_window") or 0) for x in sets
+        ),
+        "compile_kwargs": sets[0].get("compile_kwargs"),
+    }
+
+
 def aggregate(
     blocks: Sequence[Mapping[str, Any]], cells: Sequence[str], reference: str = REFERENCE
 ) -> dict:
@@ -257,10 +300,14 @@ def aggregate(
         rows = per_block[c]
         raw = [(b.get("results") or {}).get(c) for b in blocks]
         ok = [r for r in rows if r["ok"]]
-        s: dict[str, Any] = {
-            "status": "ok" if ok and len(ok) == len(rows) else ("partial" if ok else "failed"),
-            "blocks_ok": f"{len(ok)}/{len(rows)}",
-        }
+        statuses = {r["status"] for r in rows if not r["ok"]}
+        if ok:
+            status = "ok" if len(ok) == len(rows) else "partial"
+        elif statuses and statuses <= {"skipped", "missing"}:
+            status = "skipped"  # never launched (time budget, or an earlier failure)
+        else:
+            status = "failed"
+        s: dict[str, Any] = {"status": status, "blocks_ok": f"{len(ok)}/{len(rows)}"}
         for k in _MEDIAN_KEYS:
             s[k] = median(r.get(k) for r in ok)
         shas = [r.get("pcm_sha256") if r["ok"] else None for r in rows]
@@ -275,6 +322,8 @@ def aggregate(
         else:
             s["exact"] = bool(rows) and len(same) == len(rows) and all(same)
             s["exact_blocks"] = f"{sum(same)}/{len(rows)}"
+        # a result: ran in every block and bit-exact with the reference there
+        s["counts_as_result"] = s["status"] == "ok" and bool(s["exact"])
         # derived
         if s["busy_ms"] and s["p50_ms"]:
             s["wall_over_busy"] = s["p50_ms"] / s["busy_ms"]
@@ -303,17 +352,26 @@ def aggregate(
                 col(rows, "busy_ms"), col(ref_rows, "busy_ms")
             )
         s["replay"] = replay_summary(raw)
+        vg = vendor_graph_summary(raw)
+        if vg is not None:
+            s["vendor_graphs"] = vg
+        cs = compile_summary(raw)
+        if cs is not None:
+            s["compile"] = cs
         errors = [
             {
                 "block": b.get("block"),
-                "status": (r or {}).get("status"),
-                "error": (r or {}).get("error"),
+                "status": (r or {}).get("status", "missing"),
+                "error": (r or {}).get("error") or ("no result" if not r else None),
+                **({"reason": r["reason"]} if r and r.get("reason") else {}),
             }
             for b, r in zip(blocks, raw)
             if not r or r.get("status") != "ok"
         ]
         if errors:
             s["errors"] = errors
+            reasons = [e.get("reason") or e.get("error") for e in errors]
+            s["reason"] = next((x for x in reasons if x), None)
         s["per_block"] = rows
         out[c] = s
     return out
