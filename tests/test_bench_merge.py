@@ -275,3 +275,76 @@ def test_missing_adapter_is_a_failure_record():
     with pytest.raises(T.CellFailed) as e:
         T._import_adapter(cell)
     assert "not importable" in e.value.reason and "no_such_adapter_here" in e.value.reason
+
+
+@pytest.mark.slow  # builds the 16-block DiT on the CPU (about a minute)
+def test_rebucket_builds_the_vendor_buffers_and_takes_the_graph_branch(monkeypatch):
+    """vendor_rebucket's wiring on CPU: torch.cuda.CUDAGraph / torch.cuda.graph replaced by
+    stand-ins, each 'graph' replays by running the captured call again on the static
+    buffers. The stock DiT.forward_chunk must take its graph branch for 50/56-frame chunks
+    (counted), fall back to eager for others, and agree with eager to float tolerance."""
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    W = pytest.importorskip("bench.workloads.token2wav")
+    if W.unavailable_reason() is not None:
+        pytest.skip(W.unavailable_reason())
+    m = W.import_stepaudio2()
+    torch.manual_seed(0)
+    est = m.decoder_dit.DiT(**W.FLOW_CONFIG["estimator"]).eval()
+    W._fill_all_zero_params(est, W.ZERO_PARAM_FILL_STD)
+
+    class FakeGraph:
+        pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    T.rebucket_vendor_graphs(est, {50: 500, 56: 500})
+    assert est.use_cuda_graph and sorted(est.graph_chunk) == [50, 56]
+    assert est.max_size_chunk == {50: 500, 56: 500}
+    ins = est.inference_buffers_chunk[50]["static_inputs"]
+    assert [tuple(t.shape) for t in ins] == [
+        (2, 320, 50),
+        (2, 1, 512),
+        (2, 50, 550),
+        (16, 2, 1024, 2),
+        (16, 2, 8, 500, 128),
+    ]
+
+    class Replay:
+        def __init__(self, bufs):
+            self.b = bufs
+
+        def replay(self):
+            i, o = self.b["static_inputs"], self.b["static_outputs"]
+            o[0].copy_(est.blocks_forward_chunk(i[0], i[1], i[2], i[3], i[4], o[1], o[2]))
+
+    est.graph_chunk = {k: Replay(v) for k, v in est.inference_buffers_chunk.items()}
+    info: dict = {}
+    counts = T.count_vendor_graphs(est, info)
+    assert info["vendor_buckets"] == [50, 56] and info["vendor_max_size"] == {50: 500, 56: 500}
+
+    g = torch.Generator().manual_seed(1)
+
+    def call(frames: int, cache: int):
+        x, mu, cond = (torch.randn(2, 80, frames, generator=g) for _ in range(3))
+        t = torch.rand(2, generator=g)
+        spks = torch.randn(2, 80, generator=g)
+        cnn = torch.randn(16, 2, 1024, 2, generator=g)
+        att = torch.randn(16, 2, 8, cache, 128, generator=g)
+        with torch.inference_mode():
+            est.use_cuda_graph = True
+            y, c1, a1 = (v.clone() for v in est.forward_chunk(x, mu, t, spks, cond, cnn, att))
+            est.use_cuda_graph = False
+            y0, c0, a0 = est.forward_chunk(x, mu, t, spks, cond, cnn, att)
+        return (y, c1, a1), (y0, c0, a0)
+
+    graph, eager = call(50, 402)
+    assert counts == {"estimator_calls": 2, "bucket_replays": 1}
+    for a, b in zip(graph, eager):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    call(30, 402)  # no bucket: eager both times
+    assert counts == {"estimator_calls": 4, "bucket_replays": 1}
+    call(56, 402)
+    assert counts["bucket_replays"] == 2
