@@ -1,8 +1,14 @@
-"""The generated Token2Wav adapter on the released minicpmo-utils 1.0.6 code, on CPU.
+"""The generated Token2Wav adapters on the released minicpmo-utils 1.0.6 code, on CPU.
 
 Stock `Token2wav.stream()` with seeded random weights vs the same stream after
 `bind()`: every chunk's mel and float32 PCM must be bit-identical, the retention
 must trim at least twice, and the carry must keep one address throughout.
+
+The step-clock adapters (cells SR and R) are bound the way bench/token2wav.py binds
+them: SR before the prompt is primed, R after. On CPU their replays run eager, so
+besides exactness these tests check admission without graphs: every steady Euler
+step's live arguments must match exactly one catalog class by signature and aliased
+slot pointers, as ExactShapeReplay would admit them on CUDA.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ if _REASON is not None:
     pytest.skip(_REASON, allow_module_level=True)
 
 from duplexcadence.generated import stepaudio2_token2wav as adapter  # noqa: E402
+from duplexcadence.generated import stepaudio2_token2wav_step as step_adapter  # noqa: E402
+from duplexcadence.generated import (  # noqa: E402
+    stepaudio2_token2wav_step_replay_only as step_replay_only_adapter,
+)
+from duplexcadence.runtime import materialize  # noqa: E402
+from duplexcadence.runtime.signature import signature_and_leaves  # noqa: E402
 
 SEED = 0
 N_CHUNKS = 6  # 5 steady chunks (the stock trim fires on chunks 3, 4 and 5) + the final one
@@ -107,3 +119,141 @@ def test_regions_are_demand_sized(bound):
     # on CPU the engine runs eager and says why
     flow = stats["callables"]["flow_chunk"]
     assert flow["hits"] == 0 and sum(flow["misses"].values()) == N_CHUNKS
+
+
+# ------------------------------------------------------------- step-clock adapters
+N_STEPS = 10
+# attended carry extent of each chunk (the stock trim keeps 402 from chunk 3 on)
+EXTENTS = [302, 352, 402, 402, 402]
+
+
+def _catalog_keys(module, binding) -> list:
+    """(class name, signature, aliased (leaf, pointer) pairs) of every estimator class,
+    computed as ExactShapeReplay computes them at capture (one class at a time, so the
+    staging buffers of the strided classes are never all alive at once)."""
+    keys = []
+    for cls in module.CATALOG["estimator_step"]:
+        args, kwargs, aliased = materialize(cls, binding.regions, torch.device("cpu"), None)
+        sig, leaves = signature_and_leaves(args, kwargs)
+        ptrs = tuple((i, t.data_ptr()) for i, t in enumerate(leaves) if id(t) in aliased)
+        keys.append((cls.name, sig, ptrs))
+    return keys
+
+
+def _record_admission(t2w, keys) -> list:
+    """Wrap the bound estimator step: for every call, the class that would replay it."""
+    est = t2w.flow.decoder.estimator
+    inner = est.forward_chunk
+
+    def forward_chunk(*args, **kwargs):
+        sig, leaves = signature_and_leaves(args, kwargs)
+        matches = [
+            name
+            for name, s, ptrs in keys
+            if s == sig and all(leaves[i].data_ptr() == p for i, p in ptrs)
+        ]
+        assert len(matches) <= 1, matches
+        admitted.append(matches[0] if matches else None)
+        return inner(*args, **kwargs)
+
+    admitted: list = []
+    est.forward_chunk = forward_chunk
+    return admitted
+
+
+def _assert_step_catalog_admits_steady_steps(admitted, label) -> None:
+    assert len(admitted) == N_STEPS * N_CHUNKS
+    for c, extent in enumerate(EXTENTS):
+        got = admitted[c * N_STEPS : (c + 1) * N_STEPS]
+        assert got == [label(extent, c, k) for k in range(N_STEPS)], f"chunk {c}"
+    # the final chunk (56 frames) is admitted by nobody: its steps run eager
+    assert admitted[-N_STEPS:] == [None] * N_STEPS
+
+
+@pytest.fixture(scope="module")
+def bound_sr():
+    """SR: state rule + replay at the step clock, bound before priming (as bench SR)."""
+    held: list = []
+    t2w = W.build_token2wav(
+        SEED,
+        before_priming=lambda m: held.append(
+            step_adapter.bind(m, device="cpu", audit=True, capture=False, progress=False)
+        ),
+    )
+    binding = held[0]
+    binding.capture(progress=False)
+    admitted = _record_admission(t2w, _catalog_keys(step_adapter, binding))
+    ptrs: set = set()
+    mels, pcm = _stream(t2w, lambda m: ptrs.add(m.stream_cache["estimator_att_cache"].data_ptr()))
+    yield {
+        "t2w": t2w,
+        "binding": binding,
+        "mels": mels,
+        "pcm": pcm,
+        "admitted": admitted,
+        "ptrs": ptrs,
+    }
+    binding.unbind()
+
+
+@pytest.fixture(scope="module")
+def bound_r():
+    """R: replay at the step clock on the stock state, bound after priming (as bench R)."""
+    t2w = W.build_token2wav(SEED)
+    binding = step_replay_only_adapter.bind(
+        t2w, device="cpu", audit=False, capture=False, progress=False
+    )
+    binding.capture(progress=False)
+    admitted = _record_admission(t2w, _catalog_keys(step_replay_only_adapter, binding))
+    mels, pcm = _stream(t2w)
+    yield {"t2w": t2w, "binding": binding, "mels": mels, "pcm": pcm, "admitted": admitted}
+    binding.unbind()
+
+
+@pytest.mark.parametrize("cell", ["bound_sr", "bound_r"])
+def test_step_clock_every_chunk_bit_identical(stock, cell, request):
+    bound = request.getfixturevalue(cell)
+    stock_mels, stock_pcm = stock
+    assert len(bound["pcm"]) == len(stock_pcm) == N_CHUNKS
+    for i in range(N_CHUNKS):
+        assert torch.equal(bound["mels"][i], stock_mels[i]), f"{cell}: mel of chunk {i} differs"
+        assert torch.equal(bound["pcm"][i], stock_pcm[i]), f"{cell}: PCM of chunk {i} differs"
+
+
+def test_sr_state_rule_and_step_catalog(bound_sr):
+    binding = bound_sr["binding"]
+    carry = binding.regions["estimator_carry"]
+    assert bound_sr["ptrs"] == {carry.data_ptr()}
+    assert carry.audit_checks >= N_CHUNKS and carry.audit_divergences == 0
+    est = bound_sr["t2w"].flow.decoder.estimator
+    assert tuple(est.att_cache_buffer.shape) == (16, 2, 8, 458, 128)
+    assert est.cnn_cache_buffer.data_ptr() == binding.regions["dit_cnn"].data_ptr()
+    stats = binding.stats()
+    assert set(stats["callables"]) == {"estimator_step"}
+    assert stats["eager"] == {"flow_chunk": "declared `mode eager`"}
+    # the prompt's 10 steps ran before capture; on CPU capture is rejected (no CUDA)
+    assert stats["callables"]["estimator_step"]["misses"] == {
+        "not_captured": N_STEPS,
+        "no_cuda": N_STEPS * N_CHUNKS,
+    }
+    _assert_step_catalog_admits_steady_steps(
+        bound_sr["admitted"], lambda t, c, k: f"estimator_carry={t},i={k},frames=50"
+    )
+
+
+def test_r_stock_state_and_step_catalog(bound_r):
+    binding = bound_r["binding"]
+    t2w = bound_r["t2w"]
+    # allocate stock: the regions are the stock tensors, nothing was resized
+    assert binding.regions["dit_workspace"].tensor is t2w.flow.decoder.estimator.att_cache_buffer
+    assert binding.regions["estimator_cnn"].tensor is t2w.flow.decoder.cnn_cache_buffer
+    assert tuple(t2w.flow.decoder.att_cache_buffer.shape) == (16, 16, 2, 8, 1000, 128)
+    stats = binding.stats()
+    assert set(stats["callables"]) == {"estimator_step"} and stats["eager"] == {}
+    assert stats["callables"]["estimator_step"]["misses"] == {"no_cuda": N_STEPS * N_CHUNKS}
+    # the stock carry is a view of the 1000-frame workspace until the first trim
+    rows = [1000, 1000, 1000, 402, 402]
+    _assert_step_catalog_admits_steady_steps(
+        bound_r["admitted"],
+        lambda t, c, k: f"i={k},t_att={t},row={rows[c]},frames=50",
+    )
