@@ -68,6 +68,8 @@ class CallableAnalysis(_Frozen):
     mode: str
     q_size: int
     region_widths: tuple[tuple[str, int], ...]
+    # `region r[i]`: (region, config variable, slots read); the slots count in |Q|
+    slots: tuple[tuple[str, str, int], ...] = ()
     bound: int  # |Q| * prod K_r
     enumerated: bool
     classes: tuple[CatalogClass, ...]  # admitted classes, in enumeration order
@@ -242,6 +244,7 @@ def analyse_callable(
     k: ir.Callable, checked: Checked, regions: dict[str, RegionAnalysis]
 ) -> CallableAnalysis:
     # only regions with a clock extent vary the signature; fixed regions are one shape
+    # (a slot index `region r[i]` varies the aliased pointer: it counts in Q, as config i)
     region_args = [
         a.type.region
         for a in k.args
@@ -250,6 +253,11 @@ def analyse_callable(
     region_args = list(dict.fromkeys(region_args))
     names, q = config_space(k)
     widths = tuple((r, regions[r].catalog_width) for r in region_args)
+    slots = tuple(
+        (a.type.region, a.type.index, len({v[names.index(a.type.index)] for v in q}))
+        for a in k.args
+        if isinstance(a.type, ir.RegionArg) and a.type.index is not None
+    )
     bound = len(q) * math.prod(w for _, w in widths)
     states, enumerated = joint_extents(region_args, checked.regions)
     classes: list[CatalogClass] = []
@@ -271,7 +279,9 @@ def analyse_callable(
                     ra = regions[a.type.region]
                     extent = dict(zip(region_args, state)).get(a.type.region, 1)
                     per_frame = ra.demand_bytes // (ra.shape[ra.axis] if ra.axis is not None else 1)
-                    staging += per_frame * (extent if ra.axis is not None else 1)
+                    nbytes = per_frame * (extent if ra.axis is not None else 1)
+                    # `region r[i]` stages one slot of the leading axis
+                    staging += nbytes // ra.shape[0] if a.type.index is not None else nbytes
     width = len(classes) if enumerated else bound
     write_through = sum(regions[r].demand_bytes for r in k.writes if r in regions)
     if width > checked.budget:
@@ -289,6 +299,7 @@ def analyse_callable(
         mode=k.mode,
         q_size=len(q),
         region_widths=widths,
+        slots=slots,
         bound=bound,
         enumerated=enumerated,
         classes=tuple(classes),

@@ -141,6 +141,8 @@ class Region(Node):
 class RegionArg(Node):
     kind: Literal["region"] = "region"
     region: str
+    # `region r[i]`: one slot of the region's leading axis, chosen by config variable i
+    index: str | None = None
 
 
 class TensorArg(Node):

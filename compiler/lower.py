@@ -44,7 +44,12 @@ def _leaf_code(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> str:
     config = dict(cls.config)
     if isinstance(t, ir.RegionArg):
         # a region without a clock extent is passed whole (extent None)
-        return f"RegionView({t.region!r}, {dict(cls.extents).get(t.region)})"
+        extent = dict(cls.extents).get(t.region)
+        if t.index is None:
+            return f"RegionView({t.region!r}, {extent})"
+        # `region r[i]`: one slot of the leading axis, as the call reads it
+        shown = "" if extent is None else f"extent={extent}, "
+        return f"RegionView({t.region!r}, {shown}index={config[t.index]!r})"
     if isinstance(t, ir.TensorArg):
         env = {n: _value(v) for n, v in config.items()}
         dims = tuple(_eval(d, checked, env) for d in t.dims)
@@ -103,6 +108,8 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
                     "region": a.type.region,
                     # carries adopt with retention; fixed regions keep the leading part
                     "carry": regions[a.type.region].retention is not None,
+                    # `region r[i]`: a slot is read where the caller put it (no adoption)
+                    "slot": a.type.index,
                     "container": "kwargs" if a.keyword else "args",
                     "steps": _arg_steps(a, positions.get(id(a), 0)),
                     "shown": access_code("kwargs" if a.keyword else "args", a.path),

@@ -82,7 +82,7 @@ def _region(r: ir.Region) -> list[str]:
 
 def _arg_type(t) -> str:
     if isinstance(t, ir.RegionArg):
-        return f"region {t.region}"
+        return f"region {t.region}" + (f"[{t.index}]" if t.index is not None else "")
     if isinstance(t, ir.TensorArg):
         text = f"{t.dtype} {dims(t.dims)}"
         text += f" strides {dims(t.strides)}" if t.strides is not None else ""

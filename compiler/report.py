@@ -60,7 +60,13 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
     for col in ("callable", "|Q|", "K per region", "bound", "width", "scope"):
         calls.add_column(col)
     for k in a.callables:
-        widths = ", ".join(f"{r}={w}" for r, w in k.region_widths) or "-"
+        parts = [", ".join(f"{r}={w}" for r, w in k.region_widths)]
+        # a slot index `region r[i]` is a config variable: counted in |Q|, shown here
+        by_var: dict[tuple[str, int], list[str]] = {}
+        for r, i, n in k.slots:
+            by_var.setdefault((i, n), []).append(r)
+        parts += [f"{i}: {n} slots of {', '.join(rs)} (in |Q|)" for (i, n), rs in by_var.items()]
+        widths = "; ".join(p for p in parts if p) or "-"
         scope = "replay" if k.in_scope else f"eager: {k.scope_reason}"
         calls.add_row(k.name, str(k.q_size), widths, str(k.bound), str(k.width), scope)
     console.print(calls)

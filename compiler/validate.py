@@ -456,6 +456,8 @@ class _Validator:
                         "CLK011", f"argument '{dotted}' names unknown region '{t.region}'", t.span
                     )
                 arg_regions.add(t.region)
+                if t.index is not None:
+                    self.check_index(k, dotted, t, config_names)
             elif isinstance(t, ir.TensorArg):
                 for d in t.dims + (t.strides or ()):
                     self.eval(d, names=sample)
@@ -533,6 +535,54 @@ class _Validator:
                 f"callable '{k.name}' draws host randomness; replay rejects it at capture, "
                 "so declare `mode eager`",
                 spans.get("effects", k.span),
+            )
+
+    def check_index(
+        self, k: ir.Callable, dotted: str, t: ir.RegionArg, config_names: set[str]
+    ) -> None:
+        """`region r[i]`: i is a config variable whose every value names a slot of r's
+        fixed leading axis (the slot is what the call reads, so the catalog keys it)."""
+        if t.index not in config_names:
+            self.err(
+                "CLK045",
+                f"argument '{dotted}' of callable '{k.name}' indexes region '{t.region}' by "
+                f"'{t.index}', which is not a config variable of the callable "
+                f"(declare `config {t.index} in {{...}}`)",
+                t.span,
+            )
+            return
+        numbers = self.out.regions.get(t.region)
+        if numbers is None or not numbers.dims:
+            return  # unknown or dimensionless region: reported already
+        if numbers.axis == 0:
+            self.err(
+                "CLK046",
+                f"argument '{dotted}' of callable '{k.name}' indexes the leading axis of region "
+                f"'{t.region}', which is its clock-extent axis; an index selects a slot of a "
+                "fixed leading axis",
+                t.span,
+            )
+            return
+        slots = numbers.dims[0]
+        values = [
+            v[cfg.names.index(t.index)]
+            for cfg in k.configs
+            if t.index in cfg.names
+            for v in cfg.values
+            if len(v) == len(cfg.names)
+        ]
+        bad = [v for v in values if type(v) is not int or not 0 <= v < slots]
+        if bad:
+            shown = ", ".join(
+                str(v).lower() if type(v) is bool else f'"{v}"' if type(v) is str else str(v)
+                for v in bad
+            )
+            self.err(
+                "CLK046",
+                f"argument '{dotted}' of callable '{k.name}' indexes region '{t.region}' by "
+                f"'{t.index}', whose values {{{shown}}} fall outside its leading axis "
+                f"(slots 0..{slots - 1})",
+                t.span,
             )
 
     def check_constant(self, c: ir.HostConstant) -> None:

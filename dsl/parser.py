@@ -242,7 +242,10 @@ class _ToIR(Transformer):
         return ir.Retention(kind="head_tail", params=(c[0], c[1]), span=_span(meta))
 
     def region_arg(self, meta, c):
-        return ir.RegionArg(region=str(c[0]), span=_span(meta))
+        name, index = c
+        return ir.RegionArg(
+            region=str(name), index=str(index) if index is not None else None, span=_span(meta)
+        )
 
     def strides(self, meta, c):
         return c[0]

@@ -6,7 +6,9 @@ its argument structure with tensor leaves described, not given:
     exactly this shape/stride/dtype (and alignment, via ``offset``) on the device;
     every replay copies the caller's tensor into it.
   * ``RegionView`` — an *aliased* input: the named region's own view at that
-    extent. No staging buffer and no copy; admission pins its pointer instead.
+    extent (and, with ``index``, one slot of its leading axis: ``view(extent)[index]``).
+    No staging buffer and no copy; admission pins its pointer instead, so classes
+    of one shape that read different slots are told apart by that pointer.
   * plain Python scalars / dtypes / enums — keyed by value in the signature.
 ``materialize`` turns a description into real arguments; the class's signature is
 then computed from those arguments with the same ``signature_of`` that runs on
@@ -57,6 +59,7 @@ class TensorSpec:
 class RegionView:
     region: str
     extent: int | None = None  # None: the whole region (no clock axis)
+    index: int | None = None  # a slot of the leading axis (`region r[i]`); None: all of it
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,13 @@ def materialize(
                 raise KeyError(f"class {cls.name}: unknown region {x.region!r}")
             r = regions[x.region]
             t = r.tensor if x.extent is None else r.view(x.extent)
+            if x.index is not None:
+                if not 0 <= x.index < t.shape[0]:
+                    raise IndexError(
+                        f"class {cls.name}: slot {x.index} of region {x.region!r} is outside "
+                        f"its leading axis of {t.shape[0]}"
+                    )
+                t = t[x.index]
             aliased.add(id(t))
             return t
         if isinstance(x, torch.Tensor):

@@ -15,10 +15,16 @@ buffers it writes, the engine:
 * ``__call__`` — admission, fail closed, from integers and enums only:
   (i) the signature is in the catalog; (ii) every write-through buffer is where it
   was at capture (pointer, shape, stride, dtype — checked on *every* call; drift
-  drops the class and logs an invalidation) and every aliased input is the
-  region's recorded pointer; (iii) the effect was classified at capture (host RNG
-  or a declaration that disagrees with the probe rejects the callable for good);
-  (iv) every declared host counter (counters.py) has reached its start.
+  drops the signature's classes and logs an invalidation) and every aliased input is
+  at the pointer a captured class recorded for it; (iii) the effect was classified at
+  capture (host RNG or a declaration that disagrees with the probe rejects the
+  callable for good); (iv) every declared host counter (counters.py) has reached
+  its start.
+  One signature may name several classes when they alias different region views of
+  the same shape (``region r[i]``: slot i of a region, one class per slot): the call
+  replays the class whose aliased pointers all equal the live ones, and misses with
+  ``aliased_pointer`` when none does. Two classes that agree on the signature *and*
+  on every aliased pointer are one class twice: ``capture_all`` raises.
   A hit stages non-aliased inputs into the static buffers with ``copy_``, replays,
   advances the host counters and hands outputs back under the rule in
   ``outputs.py``. Anything else runs
@@ -117,6 +123,8 @@ class ExactShapeReplay:
         self.invalidation_log: list[str] = []
         self._entries = [_Entry(i, c) for i, c in enumerate(self.classes)]
         self._dispatch = CatalogDispatch({})
+        # signature -> the entries that share it (they differ by aliased pointers only)
+        self._groups: dict[tuple, list[int]] = {}
         self._wt: list[tuple[str, Callable[[], torch.Tensor], tuple]] = []
 
     # ================================================================ capture
@@ -139,21 +147,27 @@ class ExactShapeReplay:
         snap = self._snapshot()
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators
-        keys: dict[tuple, int] = {}
         with _progress(progress, f"capturing {self.name}", len(self._entries)) as advance:
             for e in self._entries:
                 if self.rejected is None:
-                    self._capture_one(e, gen, snap, keys)
+                    self._capture_one(e, gen, snap)
                 else:
                     e.status = "rejected"
                 advance()
-        failed = {e.sig: R.CAPTURE_FAILED for e in self._entries if e.status == "failed" and e.sig}
+        # a signature is admitted while one of its classes is captured; the key is the
+        # signature itself, which names its group of entries
+        keys = {
+            sig: sig
+            for sig, group in self._groups.items()
+            if any(self._entries[i].status == "captured" for i in group)
+        }
+        failed = {sig: R.CAPTURE_FAILED for sig in self._groups if sig not in keys}
         self._dispatch = CatalogDispatch(keys, dropped=failed)
         s = self.stats()
         LOGGER.info(
             "%s: captured %d/%d classes in %.3f s (+%.3f s warm-up), effect %s%s",
             self.name,
-            len(keys),
+            sum(e.status == "captured" for e in self._entries),
             len(self._entries),
             s["capture_s"],
             s["warmup_s"],
@@ -162,21 +176,24 @@ class ExactShapeReplay:
         )
         return self
 
-    def _capture_one(self, e: _Entry, gen: torch.Generator, snap: dict, keys: dict) -> None:
+    def _capture_one(self, e: _Entry, gen: torch.Generator, snap: dict) -> None:
         args, kwargs, aliased_ids = materialize(e.cls, self.regions, self.device, gen)
         sig, leaves = signature_and_leaves(args, kwargs)
         if is_unkeyable(sig):
             e.status, e.detail = "failed", f"unkeyable argument {sig[1]}"
             LOGGER.warning("%s[%s]: %s", self.name, e.cls.name, e.detail)
             return
-        if sig in keys:
-            raise ValueError(
-                f"{self.name}: classes {self._entries[keys[sig]].cls.name!r} and "
-                f"{e.cls.name!r} have the same signature"
-            )
+        aliased = [(i, t.data_ptr()) for i, t in enumerate(leaves) if id(t) in aliased_ids]
+        for j in self._groups.get(sig, ()):
+            if self._entries[j].aliased == aliased:
+                raise ValueError(
+                    f"{self.name}: classes {self._entries[j].cls.name!r} and "
+                    f"{e.cls.name!r} have the same signature and alias the same pointers"
+                )
         e.sig = sig
-        e.aliased = [(i, t.data_ptr()) for i, t in enumerate(leaves) if id(t) in aliased_ids]
+        e.aliased = aliased
         e.staged = [(i, t) for i, t in enumerate(leaves) if id(t) not in aliased_ids]
+        self._groups.setdefault(sig, []).append(e.index)
         dev, b = self.device, self.backend
         try:
             # warm-up and capture see host-built constants as device buffers (hoist.py)
@@ -228,7 +245,6 @@ class ExactShapeReplay:
         e.plan = OutputPlan(e.captured.outputs, kept)
         e.inputs = (args, kwargs)
         e.status = "captured"
-        keys[sig] = e.index
 
     def _snapshot(self) -> dict:  # noqa: D401 - state saved around capture
         bufs = {f"region:{n}": r.tensor for n, r in self.regions.items()}
@@ -281,15 +297,17 @@ class ExactShapeReplay:
         hit = self._dispatch.lookup(sig)
         if type(hit) is Miss:
             return self._eager(hit.reason, args, kwargs)
-        e = self._entries[hit]  # type: ignore[index]
+        group = self._groups[hit]  # type: ignore[index]
         for wname, getter, key in self._wt:
             now = _buffer_key(getter())
             if now != key:
-                self._invalidate(e, wname, key, now)
+                self._invalidate(hit, wname, key, now)  # type: ignore[arg-type]
                 return self._eager(R.WRITE_THROUGH_POINTER, args, kwargs)
-        for i, ptr in e.aliased:
-            if leaves[i].data_ptr() != ptr:
-                return self._eager(R.ALIASED_POINTER, args, kwargs)
+        e = self._select(group, leaves)
+        if e is None:
+            return self._eager(R.ALIASED_POINTER, args, kwargs)
+        if e.status != "captured":  # a class of this group whose capture failed
+            return self._eager(R.CAPTURE_FAILED, args, kwargs)
         for i, buf in e.staged:
             buf.copy_(leaves[i])
         e.captured.replay()
@@ -299,6 +317,14 @@ class ExactShapeReplay:
         self.hits += 1
         return e.plan.hand_back()  # type: ignore[union-attr]
 
+    def _select(self, group: list[int], leaves: list[torch.Tensor]) -> _Entry | None:
+        """The class of ``group`` whose aliased inputs are at the live pointers."""
+        for j in group:
+            e = self._entries[j]
+            if all(leaves[i].data_ptr() == ptr for i, ptr in e.aliased):
+                return e
+        return None
+
     def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
         self.misses[reason] += 1
         if self.misses[reason] == 1:
@@ -307,15 +333,22 @@ class ExactShapeReplay:
             raise ReplayMiss(self.name, reason)
         return self.fn(*args, **kwargs)
 
-    def _invalidate(self, e: _Entry, wname: str, was: tuple, now: tuple) -> None:
+    def _invalidate(self, sig: tuple, wname: str, was: tuple, now: tuple) -> None:
+        """Drop every captured class of ``sig``: they all wrote through the moved buffer."""
+        group = [
+            self._entries[j] for j in self._groups[sig] if self._entries[j].status == "captured"
+        ]
+        names = ", ".join(e.cls.name for e in group)
         msg = (
-            f"{self.name}[{e.cls.name}]: write-through buffer {wname} moved "
-            f"(ptr 0x{was[0]:x} shape {was[1]} -> ptr 0x{now[0]:x} shape {now[1]}); class dropped"
+            f"{self.name}[{names}]: write-through buffer {wname} moved "
+            f"(ptr 0x{was[0]:x} shape {was[1]} -> ptr 0x{now[0]:x} shape {now[1]}); "
+            f"{'class' if len(group) == 1 else 'classes'} dropped"
         )
-        self._dispatch.drop(e.sig, R.INVALIDATED)  # type: ignore[arg-type]
-        e.status, e.detail = "invalidated", msg
-        e.captured = e.plan = None  # release the graph; its pool blocks are reusable
-        self.invalidations += 1
+        self._dispatch.drop(sig, R.INVALIDATED)
+        for e in group:
+            e.status, e.detail = "invalidated", msg
+            e.captured = e.plan = None  # release the graph; its pool blocks are reusable
+        self.invalidations += len(group)
         self.invalidation_log.append(msg)
         LOGGER.warning("invalidation: %s", msg)
 

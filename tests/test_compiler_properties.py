@@ -73,15 +73,22 @@ region scratch {{
   envelope extent(carry) + {stride} frame
   site work
 }}
+region slots {{
+  dtype float32
+  dims [{n_slots}, {trail}]
+  site conv
+}}
 callable step {{
   site model.step
   per chunk
   arg cache: region carry
   arg x: float32 [1, n]
   kwarg last: bool
+  kwarg conv: region slots[k]
   config last in {{false, true}}
   config n in {{{ns}}}
-  aliased carry
+  config k in {{{ks}}}
+  aliased carry, slots
   writes scratch
   retains carry from result[1]
 }}
@@ -101,14 +108,25 @@ contract_params = st.fixed_dictionaries(
             lambda xs: ", ".join(map(str, xs))
         ),
         "start_frac": st.floats(0, 1),
+        "n_slots": st.integers(1, 4),
+        "slot_picks": st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
     }
 )
 
 
+def slot_values(params):
+    """The slot indexes `k` takes: picks folded into the region's leading axis."""
+    return sorted({p % params["n_slots"] for p in params["slot_picks"]})
+
+
 def render(params, budget=100_000):
     start = int(params["start_frac"] * params["head"])
+    skip = ("start_frac", "slot_picks")
     return CONTRACT.format(
-        budget=budget, start=start, **{k: v for k, v in params.items() if k != "start_frac"}
+        budget=budget,
+        start=start,
+        ks=", ".join(map(str, slot_values(params))),
+        **{k: v for k, v in params.items() if k not in skip},
     )
 
 
@@ -121,7 +139,9 @@ def test_callable_catalog_respects_bound_and_plan_bytes(params):
     carry = next(r for r in a.regions if r.name == "carry")
     step = a.callables[0]
     n_values = len(params["ns"].split(","))
-    assert step.q_size == 2 * n_values
+    n_slots = len(slot_values(params))
+    assert step.q_size == 2 * n_values * n_slots  # a slot index counts like any config
+    assert step.slots == (("slots", "k", n_slots),)
     assert step.bound == step.q_size * carry.catalog_width
     assert step.width <= step.bound
     assert step.width == step.bound  # one aliased region: every (extent, config) pair is reached
@@ -142,7 +162,7 @@ def test_print_parse_round_trip(params):
 
 
 @settings(max_examples=8, deadline=None)
-@given(contract_params, st.permutations(range(6)))
+@given(contract_params, st.permutations(range(7)))
 def test_compile_is_deterministic_black_stable_and_order_invariant(params, order):
     import black
 

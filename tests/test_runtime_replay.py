@@ -20,12 +20,14 @@ from duplexcadence.runtime import (
     ExactShapeReplay,
     FakeGraphBackend,
     HeadTail,
+    Region,
     RegionSpec,
     RegionView,
     ReplayMiss,
     TensorSpec,
     determinism_settings,
     format_report,
+    materialize,
     pin_determinism,
     set_replay_enabled,
     set_strict,
@@ -392,3 +394,115 @@ def test_pin_determinism_restores_flags():
         assert torch.backends.cudnn.deterministic is False
     finally:
         torch.backends.cudnn.deterministic = before["cudnn_deterministic"]
+
+
+class Slotted:
+    """Per-step state in the slots of one region's leading axis (`region r[i]`), as a
+    solver hands slot k of its stream cache to the estimator at step k."""
+
+    def __init__(self):
+        self.slots = Region.allocate(
+            RegionSpec("slots", torch.float32, (3, 2, 4), None, "session", "mutable"), "cpu"
+        )
+        self.slots.tensor.copy_(torch.arange(24.0).reshape(3, 2, 4))
+        self.carry = CarryRegion(
+            RegionSpec("carry", torch.float32, (3, 2, 6, 4), 2, "session", "mutable"),
+            HeadTail(2, 4),
+            "cpu",
+        )
+        self.carry.adopt(torch.randn(3, 2, 4, 4, generator=torch.Generator().manual_seed(3)))
+
+    def step(self, x, *, cnn, att):
+        return x * 2 + cnn + att.sum(dim=1)
+
+
+def slot_classes(slots=(0, 1)):
+    return [
+        CaptureClass(
+            f"i={i}",
+            (TensorSpec((2, 4), torch.float32, "randn"),),
+            {"cnn": RegionView("slots", index=i), "att": RegionView("carry", 4, index=i)},
+        )
+        for i in slots
+    ]
+
+
+def slot_engine(m, backend=None, classes=None):
+    return ExactShapeReplay(
+        m.step,
+        name="slotted",
+        classes=classes if classes is not None else slot_classes(),
+        regions={"slots": m.slots, "carry": m.carry},
+        device="cpu",
+        backend=backend or FakeGraphBackend(),
+    )
+
+
+def slot_call(eng, m, i, seed=0):
+    x = x_of(seed)[0]
+    with torch.no_grad():
+        return eng(x, cnn=m.slots.tensor[i], att=m.carry.current()[i])
+
+
+def test_region_view_index_materialises_one_slot():
+    m = Slotted()
+    args, kwargs, aliased = materialize(
+        slot_classes((1,))[0], {"slots": m.slots, "carry": m.carry}, torch.device("cpu"), None
+    )
+    assert kwargs["cnn"].data_ptr() == m.slots.tensor[1].data_ptr()
+    assert kwargs["att"].shape == (2, 4, 4)
+    assert kwargs["att"].data_ptr() == m.carry.view(4)[1].data_ptr()
+    assert kwargs["att"].stride() == m.carry.view(4)[1].stride()
+    assert {id(kwargs["cnn"]), id(kwargs["att"])} == aliased
+    with pytest.raises(IndexError, match="slot 3"):
+        materialize(
+            slot_classes((3,))[0], {"slots": m.slots, "carry": m.carry}, torch.device("cpu"), None
+        )
+
+
+def test_same_signature_dispatches_by_aliased_slot():
+    m, ref = Slotted(), Slotted()
+    b = FakeGraphBackend()
+    eng = slot_engine(m, b).capture_all(progress=False)
+    assert b.captures == 2  # two classes, one signature
+    for seed, i in enumerate((1, 0, 1, 1)):
+        got = slot_call(eng, m, i, seed)
+        want = ref.step(x_of(seed)[0], cnn=ref.slots.tensor[i], att=ref.carry.current()[i])
+        assert torch.equal(got, want), f"slot {i} replayed the wrong class"
+    s = eng.stats()
+    assert s["misses"] == {} and eng.hits == 4
+    assert [c["hits"] for c in s["classes"]] == [1, 3]
+
+
+def test_uncaptured_slot_misses_with_aliased_pointer():
+    m = Slotted()
+    eng = slot_engine(m).capture_all(progress=False)
+    out = slot_call(eng, m, 2)  # slot 2: same shapes as slots 0 and 1, never captured
+    assert torch.equal(out, m.step(x_of(0)[0], cnn=m.slots.tensor[2], att=m.carry.current()[2]))
+    # slot 0 of one region with slot 1 of the other: no class aliases that pair
+    with torch.no_grad():
+        eng(x_of(0)[0], cnn=m.slots.tensor[0], att=m.carry.current()[1])
+    assert eng.stats()["misses"] == {"aliased_pointer": 2} and eng.hits == 0
+
+
+def test_failed_slot_misses_as_capture_failed_others_replay():
+    m, b = Slotted(), FakeGraphBackend()
+    b.fail_next_captures = 1
+    eng = slot_engine(m, b).capture_all(progress=False)
+    assert [c["status"] for c in eng.stats()["classes"]] == ["failed", "captured"]
+    slot_call(eng, m, 0)
+    slot_call(eng, m, 1)
+    assert eng.stats()["misses"] == {"capture_failed": 1} and eng.hits == 1
+
+
+def test_same_signature_and_same_slot_rejected():
+    m = Slotted()
+    dup = slot_classes() + [
+        CaptureClass(
+            "again",
+            (TensorSpec((2, 4), torch.float32),),
+            {"cnn": RegionView("slots", index=1), "att": RegionView("carry", 4, index=1)},
+        )
+    ]
+    with pytest.raises(ValueError, match="same signature and alias the same pointers"):
+        slot_engine(m, classes=dup).capture_all(progress=False)
