@@ -127,7 +127,9 @@ class Region(Node):
     attended: Attended | None = None
     envelope: Expr | None = None
     stock: tuple[Expr, ...] | None = None
-    address: Literal["stable", "moves"] = "stable"
+    # pinned: the stock code rebinds the attribute at `site` on every call; bind()
+    # keeps one tensor there and the callables that write it copy each new value in
+    address: Literal["stable", "moves", "pinned"] = "stable"
     # demand: bind() allocates the demand-sized region; stock: the region *is* the stock
     # tensor at its site (no state rule), still pointer-checked as write-through
     allocate: Literal["demand", "stock"] = "demand"
@@ -148,6 +150,7 @@ class TensorArg(Node):
     dtype: DType
     dims: tuple[Expr, ...]
     strides: tuple[Expr, ...] | None = None  # None: contiguous
+    offset: Expr | None = None  # elements into its storage: the view's alignment class
 
 
 class ScalarArg(Node):
@@ -180,6 +183,16 @@ class Retains(Node):
     source: Path
 
 
+class HostCounter(Node):
+    """A host-side int the stock body advances on every call (e.g. a step counter
+    that gates a warm-up branch): calls before `start` run eager; capture sees
+    `start`; every replay advances it as the body would have."""
+
+    site: Path
+    advances: int
+    start: int
+
+
 class Callable(Node):
     name: str
     site: Path | None = None
@@ -190,6 +203,7 @@ class Callable(Node):
     retains: tuple[Retains, ...] = ()
     configs: tuple[Config, ...] = ()
     admit: tuple[Condition, ...] = ()
+    counters: tuple[HostCounter, ...] = ()
     effects: Literal["none", "device_rng", "host_rng"] = "none"
     mode: Literal["replay", "eager"] = "replay"
     note: str | None = None

@@ -54,10 +54,12 @@ def _leaf_code(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> str:
         env = {n: _value(v) for n, v in config.items()}
         dims = tuple(_eval(d, checked, env) for d in t.dims)
         dtype = f"torch.{t.dtype if t.dtype != 'bool8' else 'bool'}"
+        extra = ""
         if t.strides is not None:
-            strides = tuple(_eval(d, checked, env) for d in t.strides)
-            return f"TensorSpec({dims!r}, {dtype}, stride={strides!r})"
-        return f"TensorSpec({dims!r}, {dtype})"
+            extra += f", stride={tuple(_eval(d, checked, env) for d in t.strides)!r}"
+        if t.offset is not None:
+            extra += f", offset={_eval(t.offset, checked, env)!r}"
+        return f"TensorSpec({dims!r}, {dtype}{extra})"
     if t.type == "none":
         return "None"
     return repr(config[arg.path.root])
@@ -132,6 +134,18 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
             if regions[w].site is not None
         ],
         "adopt": adopt,
+        # stock code rebinds these attributes every call: copy the new value in, put
+        # the pinned tensor back (inside a capture, the copy is part of the graph)
+        "pins": [w for w in k.writes if regions[w].address == "pinned"],
+        "counters": [
+            {
+                "site": steps_code(n.site, include_root=True),
+                "shown": n.site.dotted(),
+                "advances": n.advances,
+                "start": n.start,
+            }
+            for n in k.counters
+        ],
         "retains": [
             {
                 "region": r.region,
@@ -193,7 +207,7 @@ def lower(
                 "attended": list(a.attended),
                 "address": r.address,
                 "allocated": r.name in used,
-                "adopt_stock": r.allocate == "stock",
+                "adopt_stock": r.allocate == "stock" or r.address == "pinned",
                 "note": r.note,
             }
         )

@@ -85,7 +85,8 @@ def _arg_type(t) -> str:
         return f"region {t.region}" + (f"[{t.index}]" if t.index is not None else "")
     if isinstance(t, ir.TensorArg):
         text = f"{t.dtype} {dims(t.dims)}"
-        return text + (f" strides {dims(t.strides)}" if t.strides is not None else "")
+        text += f" strides {dims(t.strides)}" if t.strides is not None else ""
+        return text + (f" offset {expr(t.offset)}" if t.offset is not None else "")
     return t.type
 
 
@@ -110,6 +111,8 @@ def _callable(k: ir.Callable) -> list[str]:
             for v in c.values
         )
         out.append(f"  config {names} in {{{values}}}")
+    for n in k.counters:
+        out.append(f"  counter {path(n.site)} advances {n.advances} from {n.start}")
     if k.admit:
         out.append(
             "  admit " + " and ".join(f"{expr(c.left)} {c.op} {expr(c.right)}" for c in k.admit)

@@ -91,7 +91,19 @@ class _Validator:
             self.check_callable(callable_)
         for constant in self.c.constants:
             self.check_constant(constant)
+        self.check_pins_written()
         return self.out
+
+    def check_pins_written(self) -> None:
+        written = {w for k in self.c.callables for w in k.writes}
+        for r in self.c.regions:
+            if r.address == "pinned" and r.site is not None and r.name not in written:
+                self.warn(
+                    "CLK505",
+                    f"pinned region '{r.name}' is written by no callable: nothing copies the "
+                    "stock code's new values into it",
+                    r.prop_spans.get("address", r.span),
+                )
 
     def check_unique_names(self) -> None:
         seen: dict[str, str] = {ROOT_CLOCK: "the built-in clock"}
@@ -319,6 +331,20 @@ class _Validator:
                 )
             elif all(v is not None for v in values):
                 stock = tuple(v.value for v in values)
+        if r.address == "pinned":
+            if r.site is None:
+                self.err(
+                    "CLK048",
+                    f"region '{r.name}' is pinned: it needs the site the stock code rebinds",
+                    spans.get("address", r.span),
+                )
+            elif r.retention is not None or r.allocate == "stock":
+                self.err(
+                    "CLK048",
+                    f"region '{r.name}' is pinned: bind() adopts the stock tensor and keeps it "
+                    "at its site, so it takes no retention and no `allocate`",
+                    spans.get("address", r.span),
+                )
         if r.allocate == "stock":
             if r.site is None or stock is None:
                 self.err(
@@ -435,6 +461,10 @@ class _Validator:
             elif isinstance(t, ir.TensorArg):
                 for d in t.dims + (t.strides or ()):
                     self.eval(d, names=sample)
+                if t.offset is not None:
+                    v = self.eval(t.offset, names=sample)
+                    if v is not None and v.value < 0:
+                        self.err("CLK015", f"offset of argument '{dotted}' is negative", t.span)
                 if t.strides is not None and len(t.strides) != len(t.dims):
                     self.err(
                         "CLK028",
@@ -487,6 +517,14 @@ class _Validator:
                     "CLK043",
                     "a retained history is read from `result[...]`, the callable's output",
                     ret.source.span,
+                )
+        for counter in k.counters:
+            if counter.site.root == "result" or counter.advances < 1:
+                self.err(
+                    "CLK049",
+                    f"counter '{counter.site.dotted()}' of callable '{k.name}' must be a model "
+                    "attribute that advances by at least 1 per call",
+                    counter.span,
                 )
         for cond in k.admit:
             for side in (cond.left, cond.right):

@@ -26,7 +26,7 @@ _FRIENDLY = {
     "SCALAR_TYPE": "a scalar type (bool, int, float, none)",
     "LIFETIME": "a lifetime (operator, unit, chunk, turn, session, process)",
     "MUTABILITY": "a mutability (immutable, mutable, copy_on_write)",
-    "ADDRESS": "an address kind (stable, moves)",
+    "ADDRESS": "an address kind (stable, moves, pinned)",
     "ALLOCATION": "an allocation (demand, stock)",
     "EFFECT": "an effect (none, device_rng, host_rng)",
     "MODE": "a mode (replay, eager)",
@@ -250,8 +250,13 @@ class _ToIR(Transformer):
     def strides(self, meta, c):
         return c[0]
 
+    def offset(self, meta, c):
+        return c[0]
+
     def tensor_arg(self, meta, c):
-        return ir.TensorArg(dtype=str(c[0]), dims=c[1], strides=c[2], span=_span(meta))
+        return ir.TensorArg(
+            dtype=str(c[0]), dims=c[1], strides=c[2], offset=c[3], span=_span(meta)
+        )
 
     def scalar_arg(self, meta, c):
         return ir.ScalarArg(type=str(c[0]), span=_span(meta))
@@ -276,6 +281,12 @@ class _ToIR(Transformer):
         node = ir.Retains(region=str(c[0]), source=c[1], span=_span(meta))
         return _Prop("retains", node, _span(meta))
 
+    def prop_counter(self, meta, c):
+        node = ir.HostCounter(
+            site=c[0], advances=int(c[1]), start=int(c[2]), span=_span(meta)
+        )
+        return _Prop("counters", node, _span(meta))
+
     def config_vars(self, meta, c):
         return tuple(str(x) for x in c)
 
@@ -298,7 +309,7 @@ class _ToIR(Transformer):
         return _Prop("admit", tuple(c), _span(meta))
 
     # ---- blocks
-    _REPEATED = {"args", "retains", "configs"}
+    _REPEATED = {"args", "retains", "configs", "counters"}
     _LISTS = {"aliased", "writes"}
 
     def _fold(self, kind: str, name_tok: Token, props: list[_Prop]) -> dict:

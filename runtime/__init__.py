@@ -14,6 +14,8 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   backend      CudaGraphBackend, FakeGraphBackend (the only CUDA-graph code)
   outputs      the output rule (regions as-is, everything else cloned)
   replay       ExactShapeReplay: capture_all, admission, replay, counters
+  counters     HostCounter: host ints a stock body advances, kept by the engine
+  pins         pin_at: one tensor at a site the stock code rebinds every call
   controls     disable switch, strict mode, ReplayMiss
   determinism  pin_determinism, determinism_settings
   telemetry    the "duplexcadence" logger, format_report
@@ -23,6 +25,7 @@ from .audit import AuditRecord, bitwise_equal, first_difference
 from .backend import CudaGraphBackend, FakeGraphBackend, GraphBackend
 from .carry import CarryRegion
 from .classes import CaptureClass, RegionView, TensorSpec, materialize, staging_bytes
+from .counters import HostCounter
 from .controls import (
     ReplayMiss,
     replay_enabled,
@@ -92,6 +95,7 @@ from .binding import (
     install_region,
     adopt_prefix,
 )  # noqa: E402
+from .pins import pin_at  # noqa: E402
 from .sites import (
     SiteError,
     get_at,
@@ -103,6 +107,8 @@ from .sites import (
 )  # noqa: E402
 
 __all__ += [
+    "HostCounter",
+    "pin_at",
     "KNOWN_SETTINGS",
     "Binding",
     "apply_settings",

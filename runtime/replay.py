@@ -18,14 +18,16 @@ buffers it writes, the engine:
   drops the signature's classes and logs an invalidation) and every aliased input is
   at the pointer a captured class recorded for it; (iii) the effect was classified at
   capture (host RNG or a declaration that disagrees with the probe rejects the
-  callable for good).
+  callable for good); (iv) every declared host counter (counters.py) has reached
+  its start.
   One signature may name several classes when they alias different region views of
   the same shape (``region r[i]``: slot i of a region, one class per slot): the call
   replays the class whose aliased pointers all equal the live ones, and misses with
   ``aliased_pointer`` when none does. Two classes that agree on the signature *and*
   on every aliased pointer are one class twice: ``capture_all`` raises.
   A hit stages non-aliased inputs into the static buffers with ``copy_``, replays,
-  and hands outputs back under the rule in ``outputs.py``. Anything else runs
+  advances the host counters and hands outputs back under the rule in
+  ``outputs.py``. Anything else runs
   eager, counted by reason; strict mode raises ``ReplayMiss`` instead.
 * Device RNG: the graph reads seed/offset from the default generator at replay
   and advances the offset by the captured increment, exactly as eager calls
@@ -49,6 +51,7 @@ from . import signature as R
 from .backend import CudaGraphBackend, GraphBackend
 from .classes import CaptureClass, materialize, staging_bytes
 from .controls import ReplayMiss, replay_enabled, strict_mode
+from .counters import HostCounter
 from .effects import Effect, classify, host_rng_restore, host_rng_snapshot
 from .hoist import HostConstants
 from .outputs import OutputPlan
@@ -94,6 +97,7 @@ class ExactShapeReplay:
         warmup: int = 2,
         pool: Any = None,
         backend: GraphBackend | None = None,
+        counters: tuple[HostCounter, ...] | list[HostCounter] = (),
     ) -> None:
         names = [c.name for c in classes]
         if len(set(names)) != len(names):
@@ -107,6 +111,7 @@ class ExactShapeReplay:
         self.device = torch.device(device)
         self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
         self.pool = pool
+        self.counters = tuple(counters)
         self.host_constants = HostConstants(device)
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
         self.effect: Effect | None = None
@@ -194,6 +199,7 @@ class ExactShapeReplay:
             # warm-up and capture see host-built constants as device buffers (hoist.py)
             with torch.no_grad(), self.host_constants:
                 t0 = time.perf_counter()
+                self._counters_at_start()
                 host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
                 b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
                 effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
@@ -212,8 +218,10 @@ class ExactShapeReplay:
                     return
                 self.effect = effect
                 if self.warmup > 1:
+                    self._counters_at_start()
                     b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
                     self._restore(snap)
+                self._counters_at_start()
                 e.warmup_s = time.perf_counter() - t0
                 a0, r0 = b.memory(dev)
                 t1 = time.perf_counter()
@@ -248,6 +256,7 @@ class ExactShapeReplay:
             # process peak by the whole contract state just to capture
             "buffers": {k: (t, _host_copy(t)) for k, t in bufs.items()},
             "python": {n: r._host_state() for n, r in self.regions.items()},
+            "counters": [c.value() for c in self.counters],
         }
 
     def _restore(self, snap: dict) -> None:
@@ -255,8 +264,15 @@ class ExactShapeReplay:
             live.copy_(saved)
         for n, st in snap["python"].items():
             self.regions[n]._set_host_state(st)
+        for counter, value in zip(self.counters, snap["counters"]):
+            counter.write(value)
         host_rng_restore(snap["host"])
         self.backend.set_device_rng_state(snap["device"], self.device)
+
+    def _counters_at_start(self) -> None:
+        # warm-up and capture take the branch the graph is for (counters.py)
+        for counter in self.counters:
+            counter.write(counter.start)
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected = reason
@@ -274,6 +290,9 @@ class ExactShapeReplay:
             return self._eager(R.NOT_CAPTURED, args, kwargs)
         if torch.is_grad_enabled():
             return self._eager(R.GRAD_ENABLED, args, kwargs)
+        for counter in self.counters:
+            if not counter.ready():
+                return self._eager(R.COUNTER_BEFORE_START, args, kwargs)
         sig, leaves = signature_and_leaves(args, kwargs)
         hit = self._dispatch.lookup(sig)
         if type(hit) is Miss:
@@ -292,6 +311,8 @@ class ExactShapeReplay:
         for i, buf in e.staged:
             buf.copy_(leaves[i])
         e.captured.replay()
+        for counter in self.counters:
+            counter.advance()
         e.hits += 1
         self.hits += 1
         return e.plan.hand_back()  # type: ignore[union-attr]
@@ -361,6 +382,7 @@ class ExactShapeReplay:
             "effect": "unclassified" if self.effect is None else self.effect.value,
             "declared_effect": self.declared_effect.value,
             "rejected": self.rejected,
+            "counters": {c.name: {"start": c.start, "advances": c.advances} for c in self.counters},
             "hits": self.hits,
             "misses": dict(self.misses),
             "host_constants": {

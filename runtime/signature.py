@@ -48,6 +48,7 @@ EFFECT_MISMATCH = "effect_mismatch"
 NO_CUDA = "no_cuda"
 DISABLED = "disabled"
 GRAD_ENABLED = "grad_enabled"
+COUNTER_BEFORE_START = "counter_before_start"
 
 
 class Key(enum.Enum):

@@ -19,7 +19,7 @@ def test_shipped_contracts_check_clean(capsys, monkeypatch):
     assert main(["check"]) == 0
     out = capsys.readouterr()
     assert "error" not in out.err
-    assert "flow_chunk" in out.out and "lm_backbone" in out.out
+    assert "flow_chunk" in out.out and "lm_step" in out.out
 
 
 def test_check_json_token2wav_numbers(capsys, monkeypatch):
@@ -37,12 +37,16 @@ def test_check_json_token2wav_numbers(capsys, monkeypatch):
     assert calls["vocoder"]["width"] == 2
 
 
-def test_moshi_backbone_width_one(capsys, monkeypatch):
+def test_moshi_frame_graphs_width_one(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["check", "contracts/moshi.clock", "--format", "json"]) == 0
     [entry] = json.loads(capsys.readouterr().out)
     calls = {k["name"]: k for k in entry["analysis"]["callables"]}
-    assert calls["lm_backbone"]["width"] == 1
+    assert {name: k["width"] for name, k in calls.items()} == {
+        "mimi_encode": 1,
+        "lm_step": 1,
+        "mimi_decode": 1,
+    }
     lm = next(r for r in entry["analysis"]["regions"] if r["name"] == "lm_kv")
     assert lm["attended"] == [3000] and lm["catalog_width"] == 1
 

@@ -299,3 +299,45 @@ def no_vendor_graphs():
 
     with no_cuda_graph():
         yield
+
+
+def bind_adapter(
+    mimi: Any,
+    lm_gen: Any,
+    device: str | torch.device | None = None,
+    *,
+    capture: bool = True,
+    progress: bool = False,
+) -> Any:
+    """Bind the generated adapter (contracts/moshi.clock) as a server would at start-up.
+
+    Call it on a built pair whose streaming has started (``build_moshi(start=True)``):
+    the contract's sites live in the streaming states. The vendor's own graphs must be
+    off (``NO_CUDA_GRAPH=1``), since its ``CUDAGraphed`` wrappers run inside the
+    adapter's graphs as plain calls. On CUDA the callables are captured here under the
+    vendor's ``no_compile()`` (every cell runs the same eager kernels); capture runs
+    them on scratch inputs, so the streaming state is then reset in place exactly as
+    the server does for each new connection (``mimi.reset_streaming()``,
+    ``lm_gen.reset_streaming()``). Returns the ``Binding``.
+    """
+    import types
+
+    from moshi.utils.compile import _is_cuda_graph_enabled
+
+    if _is_cuda_graph_enabled():
+        raise RuntimeError(
+            "bind_adapter: the vendor's CUDA graphs are on; set NO_CUDA_GRAPH=1 (or run "
+            "inside no_vendor_graphs()) so they do not capture inside the adapter's graphs"
+        )
+    if lm_gen._streaming_state is None or mimi._streaming_state is None:
+        raise RuntimeError("bind_adapter: start streaming first (build_moshi(start=True))")
+    from duplexcadence.generated import moshi as adapter
+
+    model = types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
+    with _compile_guard(False):
+        binding = adapter.bind(model, device=device, capture=False, progress=progress)
+        if capture and binding.device.type == "cuda":
+            binding.capture(progress=progress)
+            mimi.reset_streaming()
+            lm_gen.reset_streaming()
+    return binding

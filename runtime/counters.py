@@ -1,0 +1,45 @@
+"""HostCounter: a host-side int the stock body advances on every call.
+
+Some stock callables keep a Python int next to their device state (Moshi's
+``LMGen`` counts steps in ``offset_cpu`` and returns nothing until it passes the
+codebook delay). A graph cannot run that Python, so the contract declares the
+counter and the engine does the body's host work itself:
+  * admission: a call while the counter is below ``start`` runs eager (miss reason
+    ``counter_before_start``) — the stock code takes a different branch there;
+  * capture: warm-up and capture run with the counter set to ``start`` (the branch
+    the graph is for) and the caller's value is restored afterwards;
+  * replay: the counter advances by ``advances``, exactly as the body would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class HostCounter:
+    name: str  # the dotted site, for reports
+    read: Callable[[], int]
+    write: Callable[[int], None]
+    advances: int
+    start: int
+
+    def __post_init__(self) -> None:
+        if self.advances < 1 or self.start < 0:
+            raise ValueError(
+                f"counter {self.name}: advances must be >= 1 and start >= 0, "
+                f"got advances={self.advances} start={self.start}"
+            )
+
+    def value(self) -> int:
+        v = self.read()
+        if type(v) is not int:  # a bool or a tensor here would be a binding error
+            raise TypeError(f"counter {self.name} holds {type(v).__name__}, not int")
+        return v
+
+    def ready(self) -> bool:
+        return self.value() >= self.start
+
+    def advance(self) -> None:
+        self.write(self.value() + self.advances)

@@ -1,0 +1,108 @@
+"""Host counters and pinned regions (runtime/counters.py, runtime/pins.py) on CPU.
+
+The fake backend re-runs the Python body on "replay", so these tests use bodies that
+do not touch the counter themselves (as a real graph would not): what is checked is
+what the engine does around the body.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from duplexcadence.runtime import (
+    CaptureClass,
+    Effect,
+    ExactShapeReplay,
+    FakeGraphBackend,
+    HostCounter,
+    Region,
+    RegionSpec,
+    TensorSpec,
+    pin_at,
+    set_replay_enabled,
+)
+from duplexcadence.runtime.signature import COUNTER_BEFORE_START
+
+
+@pytest.fixture(autouse=True)
+def _reset_controls(monkeypatch):
+    monkeypatch.delenv("DUPLEXCADENCE_DISABLE_REPLAY", raising=False)
+    yield
+    set_replay_enabled(None)
+
+
+def _engine(state, seen):
+    def body(x):
+        seen.append(state.steps)  # the branch the stock code would take
+        return x * 2
+
+    counter = HostCounter(
+        "state.steps",
+        read=lambda: state.steps,
+        write=lambda v: setattr(state, "steps", v),
+        advances=1,
+        start=2,
+    )
+    return ExactShapeReplay(
+        body,
+        name="step",
+        classes=[CaptureClass("-", (TensorSpec((3,), torch.float32),))],
+        regions={},
+        declared_effect=Effect.NONE,
+        device="cpu",
+        backend=FakeGraphBackend(),
+        counters=[counter],
+    )
+
+
+@torch.inference_mode()
+def test_counter_gates_capture_sees_start_and_replay_advances() -> None:
+    state = types.SimpleNamespace(steps=0)
+    seen: list[int] = []
+    engine = _engine(state, seen).capture_all(progress=False)
+    # probe, warm-up and capture all ran at `start`; the caller's value came back
+    assert seen and set(seen) == {2}
+    assert state.steps == 0
+
+    x = torch.arange(3.0)
+    out = engine(x)  # before start: the stock branch differs, so eager
+    assert torch.equal(out, x * 2)
+    assert engine.misses[COUNTER_BEFORE_START] == 1
+    assert state.steps == 0  # eager: the body owns the counter (this one does not)
+
+    state.steps = 2
+    out = engine(x)
+    assert torch.equal(out, x * 2) and engine.hits == 1
+    assert state.steps == 3  # the replay did the body's host work
+    engine(x)
+    assert state.steps == 4 and engine.hits == 2
+
+
+def test_counter_rejects_non_int_and_bad_declaration() -> None:
+    with pytest.raises(ValueError):
+        HostCounter("c", read=lambda: 0, write=lambda v: None, advances=0, start=0)
+    bad = HostCounter("c", read=lambda: torch.tensor(1), write=lambda v: None, advances=1, start=0)
+    with pytest.raises(TypeError, match="not int"):
+        bad.ready()
+
+
+def test_pin_copies_rebound_value_and_restores_site() -> None:
+    state = types.SimpleNamespace(offsets=torch.zeros(1, dtype=torch.long))
+    model = types.SimpleNamespace(state=state)
+    steps = (("attr", "state"), ("attr", "offsets"))
+    region = Region(RegionSpec("offsets", torch.long, (1,), None, "session", "mutable"), state.offsets)
+    pinned = region.tensor
+    for i in range(1, 4):
+        state.offsets = torch.where(torch.tensor([True]), state.offsets + 1, state.offsets)
+        assert state.offsets is not pinned  # the stock code rebinds it
+        pin_at(model, steps, region)
+        assert state.offsets is pinned and int(pinned) == i
+    pin_at(model, steps, region)  # nothing rebound: nothing to do
+    assert int(pinned) == 3
+
+    state.offsets = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(TypeError, match="pinned region offsets"):
+        pin_at(model, steps, region)
