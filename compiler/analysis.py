@@ -235,9 +235,19 @@ def joint_extents(
 
 
 def tensor_bytes(arg: ir.TensorArg, checked: Checked, config: dict) -> int:
+    """Bytes of the static buffer a staged argument needs: the storage span its
+    strides reach (a strided view stages its whole row stride), plus its offset."""
     env = {n: _value(v) for n, v in config.items()}
     dims = [_eval(d, checked, env) for d in arg.dims]
-    return _elements(dims) * DTYPE_BYTES[arg.dtype]
+    offset = _eval(arg.offset, checked, env) if arg.offset is not None else 0
+    if arg.strides is None:
+        span = _elements(dims)
+    elif 0 in dims:
+        span = 0
+    else:
+        strides = [_eval(d, checked, env) for d in arg.strides]
+        span = 1 + sum((d - 1) * st for d, st in zip(dims, strides))
+    return (offset + span) * DTYPE_BYTES[arg.dtype]
 
 
 def analyse_callable(

@@ -17,7 +17,6 @@ live calls, so generated code and live traffic can never disagree on the key.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -35,12 +34,21 @@ class TensorSpec:
     stride: tuple[int, ...] | None = None  # None: contiguous
     offset: int = 0  # elements into a backing buffer; reproduces a view's alignment
 
-    def materialize(self, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    def _layout(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         shape = tuple(int(d) for d in self.shape)
         stride = self.stride
         if stride is None:
             stride = torch.empty(shape, device="meta").stride()
         span = 0 if 0 in shape else 1 + sum((d - 1) * s for d, s in zip(shape, stride))
+        return shape, tuple(stride), span
+
+    def nbytes(self) -> int:
+        """Bytes of the backing buffer: the span the strides reach, plus the offset."""
+        _, _, span = self._layout()
+        return (self.offset + span) * torch.empty((), dtype=self.dtype).element_size()
+
+    def materialize(self, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+        shape, stride, span = self._layout()
         base = torch.empty(self.offset + span, dtype=self.dtype, device=device)
         if self.fill == "zeros":
             base.zero_()
@@ -114,7 +122,5 @@ def materialize(
 def staging_bytes(cls: CaptureClass) -> int:
     """Bytes of static staging this class needs (the first term of the reserve)."""
     return sum(
-        math.prod(x.shape) * torch.empty((), dtype=x.dtype).element_size()
-        for x in tree_leaves((cls.args, dict(cls.kwargs)))
-        if isinstance(x, TensorSpec)
+        x.nbytes() for x in tree_leaves((cls.args, dict(cls.kwargs))) if isinstance(x, TensorSpec)
     )

@@ -219,3 +219,24 @@ def test_shipped_contracts_round_trip():
         again, diags = parse(print_contract(contract))
         assert not diags, path
         assert again.model_dump() == contract.model_dump(), path
+
+
+@given(rows=st.integers(1, 6), cols=st.integers(1, 6), pad=st.integers(0, 40), offset=st.integers(0, 5))
+def test_staging_reserve_counts_the_strided_span(rows, cols, pad, offset):
+    # eq. (6)'s staging term is the static buffer the runtime allocates: a strided view
+    # stages everything its strides reach, plus its offset, not just its elements
+    row_stride = cols + pad
+    source = f"""
+contract spans
+clock frame = 1 per call
+callable step {{
+  site model.step
+  per frame
+  arg x: float32 [{rows}, {cols}] strides [{row_stride}, 1] offset {offset}
+}}
+"""
+    result = check_source(source, "spans.clock")
+    assert result.analysis is not None, result.diagnostics
+    [k] = result.analysis.callables
+    span = 1 + (rows - 1) * row_stride + (cols - 1)
+    assert k.staging_bytes == (offset + span) * 4

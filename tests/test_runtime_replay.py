@@ -506,3 +506,15 @@ def test_same_signature_and_same_slot_rejected():
     ]
     with pytest.raises(ValueError, match="same signature and alias the same pointers"):
         slot_engine(m, classes=dup).capture_all(progress=False)
+
+
+def test_staging_bytes_count_the_strided_span_and_offset():
+    # a [1, 8, 1] int64 view one element into a [1, 9, 1] buffer, and a [2, 3] view of
+    # rows 10 apart: the static buffer must reach the last element, not hold 8 or 6
+    view = TensorSpec((1, 8, 1), torch.int64, stride=(9, 1, 1), offset=1)
+    rows = TensorSpec((2, 3), torch.float32, stride=(10, 1))
+    assert view.nbytes() == (1 + 8) * 8
+    assert rows.nbytes() == (1 + 10 + 2) * 4
+    t = rows.materialize(torch.device("cpu"), None)
+    assert t.untyped_storage().nbytes() == rows.nbytes()
+    assert view.materialize(torch.device("cpu"), None).storage_offset() == 1
