@@ -69,22 +69,27 @@ run is recorded as ``skipped`` and its cells are ``partial``.
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import gc
 import hashlib
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+from bench.harness import (
+    first_ok,
+    git_info,
+    json_default,
+    run_worker_process,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "bench/results/moshi_h200"
@@ -201,17 +206,6 @@ def _vendor_graph_state(mimi: Any, lm_gen: Any) -> dict:
             g = getattr(state, n, None)
             out[n] = None if g is None else getattr(g, "_graph", None) is not None
     return out
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (set, frozenset, tuple)):
-        return list(o)
-    if hasattr(o, "item"):
-        try:
-            return o.item()
-        except Exception:  # noqa: BLE001
-            pass
-    return str(o)
 
 
 class _Hashes:
@@ -498,7 +492,7 @@ def worker_main(args: argparse.Namespace) -> int:
             result["traceback"] = traceback.format_exc()
             traceback.print_exc()
     result["worker_wall_s"] = time.perf_counter() - t0
-    real_stdout.write(json.dumps(result, default=_json_default) + "\n")
+    real_stdout.write(json.dumps(result, default=json_default) + "\n")
     real_stdout.flush()
     return 0
 
@@ -909,17 +903,6 @@ def plot(doc: dict, path: Path) -> str | None:
 # ============================================================================ driver
 
 
-def _tee(stream: Any, sink: Any, prefix: str, tail: collections.deque, keep: list | None) -> None:
-    for line in iter(stream.readline, ""):
-        tail.append(line)
-        if keep is not None:
-            keep.append(line)
-        if sink is not None:
-            sink.write(prefix + line)
-            sink.flush()
-    stream.close()
-
-
 def worker_command(cell: str, block: int, seed: int, args: argparse.Namespace) -> list[str]:
     cmd = [
         sys.executable, "-m", "bench.moshi", "--worker",
@@ -941,64 +924,15 @@ def run_cell_process(
     """One fresh worker process; returns its JSON result or a failure record."""
     cmd = worker_command(cell, block, seed, args)
     env = cell_env(cell)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
-    env.setdefault("PYTHONUNBUFFERED", "1")
     timeout = args.worker_timeout if timeout is None else timeout
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    res = run_worker_process(
+        cmd,
+        env,
+        label=f"block {block} {cell}",
+        timeout=timeout,
+        quiet=args.quiet_workers,
+        timeout_error=f"worker exceeded its timeout of {timeout:.0f} s",
     )
-    out_lines: list[str] = []
-    err_tail: collections.deque = collections.deque(maxlen=60)
-    out_tail: collections.deque = collections.deque(maxlen=5)
-    sink = None if args.quiet_workers else sys.stderr
-    threads = [
-        threading.Thread(
-            target=_tee, args=(proc.stdout, None, "", out_tail, out_lines), daemon=True
-        ),
-        threading.Thread(
-            target=_tee,
-            args=(proc.stderr, sink, f"[block {block} {cell}] ", err_tail, None),
-            daemon=True,
-        ),
-    ]
-    for t in threads:
-        t.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # our own child, by its handle
-        proc.wait()
-        timed_out = True
-    for t in threads:
-        t.join(timeout=10)
-    wall = time.perf_counter() - t0
-    res = None
-    for line in reversed(out_lines):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                res = json.loads(line)
-                break
-            except json.JSONDecodeError:
-                continue
-    if timed_out:
-        res = dict(
-            res or {}, status="timeout", error=f"worker exceeded its timeout of {timeout:.0f} s"
-        )
-    elif res is None:
-        res = {
-            "status": "crash",
-            "error": f"worker exited with code {proc.returncode} and printed no result",
-        }
-    if res.get("status") != "ok":
-        res["stderr_tail"] = "".join(err_tail)[-4000:]
-    res["returncode"] = proc.returncode
-    res["process_wall_s"] = wall
-    res["command"] = " ".join(shlex.quote(c) for c in cmd[1:])
     res["env"] = {k: env.get(k) for k in (VENDOR_GRAPH_ENV, COMPILE_ENV, DISABLE_ENV)}
     res.setdefault("cell", cell)
     res.setdefault("block", block)
@@ -1044,32 +978,6 @@ def skipped_record(cell: str, block: int, seed: int, why: str) -> dict:
     }
 
 
-def _git(*argv: str) -> str | None:
-    try:
-        p = subprocess.run(
-            ["git", *argv], cwd=str(REPO), capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def _git_info(override: str | None = None) -> dict:
-    if override:
-        return {"git_commit": override, "git_dirty": None, "git_commit_source": "--git-commit"}
-    commit = _git("rev-parse", "HEAD") or os.environ.get("DUPLEXCADENCE_GIT_COMMIT")
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
-
-
-def _first_ok(blocks: list[dict], key: str) -> Any:
-    for b in blocks:
-        for r in b["results"].values():
-            if r.get("status") == "ok" and r.get(key) is not None:
-                return r[key]
-    return None
-
-
 def build_document(
     args: argparse.Namespace, argv: Sequence[str], cells: list[str], blocks: list[dict]
 ) -> dict:
@@ -1090,19 +998,19 @@ def build_document(
         torch_version, cuda_version = torch.__version__, torch.version.cuda
     except ImportError:  # pragma: no cover
         torch_version = cuda_version = None
-    model = _first_ok(blocks, "model") or {"lm_kwargs": "TINY" if args.tiny else "FULL_7B"}
+    model = first_ok(blocks, "model") or {"lm_kwargs": "TINY" if args.tiny else "FULL_7B"}
     oks = [r for b in blocks for r in b["results"].values() if r.get("status") == "ok"]
     return {
         "benchmark": "moshi",
         "command": "python -m bench.moshi"
         + ("" if not argv else " " + " ".join(shlex.quote(a) for a in argv)),
-        **_git_info(args.git_commit),
-        "torch": _first_ok(blocks, "torch") or torch_version,
-        "cuda": _first_ok(blocks, "cuda") or cuda_version,
-        "cudnn": _first_ok(blocks, "cudnn"),
-        "gpu": _first_ok(blocks, "device_name"),
+        **git_info(args.git_commit),
+        "torch": first_ok(blocks, "torch") or torch_version,
+        "cuda": first_ok(blocks, "cuda") or cuda_version,
+        "cudnn": first_ok(blocks, "cudnn"),
+        "gpu": first_ok(blocks, "device_name"),
         "python": platform.python_version(),
-        "moshi": _first_ok(blocks, "moshi"),
+        "moshi": first_ok(blocks, "moshi"),
         "model": model,
         "envelope": ENVELOPE,
         "determinism": {
@@ -1156,12 +1064,6 @@ def build_document(
         "cells": cell_docs,
         "blocks": blocks,
     }
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    os.replace(tmp, path)
 
 
 def _write_reports(doc: dict, out: Path) -> str | None:
@@ -1227,10 +1129,10 @@ def driver_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
             )
             doc = build_document(args, argv, cells, blocks)
             doc.update(wall_s=time.perf_counter() - t_start, complete=False, budget_stop=stop)
-            _write_json(out.with_suffix(".json"), doc)
+            write_json(out.with_suffix(".json"), doc)
     doc = build_document(args, argv, cells, blocks)
     doc.update(wall_s=time.perf_counter() - t_start, complete=stop is None, budget_stop=stop)
-    _write_json(out.with_suffix(".json"), doc)
+    write_json(out.with_suffix(".json"), doc)
     note = _write_reports(doc, out)
     print(
         f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}"
@@ -1248,7 +1150,7 @@ def rerender(path: Path) -> int:
     agg = aggregate(doc["blocks"], cells)
     for name in cells:
         doc["cells"][name] = {"what": CELLS[name].what, **agg[name]}
-    _write_json(path.with_suffix(".json"), doc)
+    write_json(path.with_suffix(".json"), doc)
     _write_reports(doc, path)
     return 0
 

@@ -112,16 +112,22 @@ import os
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from bench.harness import (
+    first_ok,
+    git_info,
+    json_default,
+    run_worker_process,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "bench/results/token2wav_h200"
@@ -487,17 +493,6 @@ def _replay_block(binding: Any, window: dict) -> dict | None:
             "capture_allocated_mib": (s.get("capture_allocated_bytes") or 0) / MIB,
         }
     return {"capture_s": cap, "warmup_s": warm, "callables": callables}
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (set, frozenset, tuple)):
-        return list(o)
-    if hasattr(o, "item"):
-        try:
-            return o.item()
-        except Exception:  # noqa: BLE001
-            pass
-    return str(o)
 
 
 class CellFailed(RuntimeError):
@@ -1019,7 +1014,7 @@ def worker_main(args: argparse.Namespace) -> int:
             result["traceback"] = traceback.format_exc()
             traceback.print_exc()
     result["worker_wall_s"] = time.perf_counter() - t0
-    real_stdout.write(json.dumps(result, default=_json_default) + "\n")
+    real_stdout.write(json.dumps(result, default=json_default) + "\n")
     real_stdout.flush()
     if args.cell == "compile_ro" and result["status"] != "ok":
         # an interrupted inductor compile may leave pool threads/processes behind that
@@ -1047,17 +1042,6 @@ def failure_record(cell: str, e: BaseException, phase: str | None) -> dict:
 
 
 # ============================================================================ driver
-
-
-def _tee(stream: Any, sink: Any, prefix: str, tail: collections.deque, keep: list | None) -> None:
-    for line in iter(stream.readline, ""):
-        tail.append(line)
-        if keep is not None:
-            keep.append(line)
-        if sink is not None:
-            sink.write(prefix + line)
-            sink.flush()
-    stream.close()
 
 
 def run_cell_process(
@@ -1105,103 +1089,25 @@ def run_cell_process(
     env.pop(DISABLE_ENV, None)
     if CELLS[cell].bind and not CELLS[cell].replay:
         env[DISABLE_ENV] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    out_lines: list[str] = []
-    err_tail: collections.deque = collections.deque(maxlen=60)
-    out_tail: collections.deque = collections.deque(maxlen=5)
-    sink = None if args.quiet_workers else sys.stderr
-    threads = [
-        threading.Thread(
-            target=_tee, args=(proc.stdout, None, "", out_tail, out_lines), daemon=True
-        ),
-        threading.Thread(
-            target=_tee,
-            args=(proc.stderr, sink, f"[block {block} {cell}] ", err_tail, None),
-            daemon=True,
-        ),
-    ]
-    for t in threads:
-        t.start()
-    status = None
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # our own child, by its handle
-        proc.wait()
-        status = "timeout"
-    for t in threads:
-        t.join(timeout=10)
-    wall = time.perf_counter() - t0
-    res = None
-    for line in reversed(out_lines):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                res = json.loads(line)
-                break
-            except json.JSONDecodeError:
-                continue
-    stderr_tail = "".join(err_tail)[-4000:]
-    if status == "timeout":
-        res = dict(
-            res or {},
-            status="timeout",
-            error=f"worker exceeded its timeout {timeout:.0f} s (--worker-timeout "
+    res = run_worker_process(
+        cmd,
+        env,
+        label=f"block {block} {cell}",
+        timeout=timeout,
+        quiet=args.quiet_workers,
+        timeout_error=(
+            f"worker exceeded its timeout {timeout:.0f} s (--worker-timeout "
             f"{args.worker_timeout:.0f}"
             + (f", --time-budget {args.time_budget:.0f}" if args.time_budget else "")
-            + ")",
-        )
-    elif res is None:
-        res = {
-            "status": "crash",
-            "error": f"worker exited with code {proc.returncode} and printed no result",
-        }
-    if res.get("status") != "ok":
-        res["stderr_tail"] = stderr_tail
-    res["returncode"] = proc.returncode
-    res["process_wall_s"] = wall
-    res["command"] = " ".join(shlex.quote(c) for c in cmd[1:])
+            + ")"
+        ),
+    )
     res.setdefault("cell", cell)
     res.setdefault("block", block)
     res.setdefault("seed", seed)
     return res
 
 
-def _git(*argv: str) -> str | None:
-    try:
-        p = subprocess.run(
-            ["git", *argv], cwd=str(REPO), capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def _git_info(override: str | None = None) -> dict:
-    if override:
-        return {"git_commit": override, "git_dirty": None, "git_commit_source": "--git-commit"}
-    commit = _git("rev-parse", "HEAD") or os.environ.get("DUPLEXCADENCE_GIT_COMMIT")
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
-
-
-def _first_ok(blocks: list[dict], key: str) -> Any:
-    for b in blocks:
-        for r in b["results"].values():
-            if r.get("status") == "ok" and r.get(key) is not None:
-                return r[key]
-    return None
-
-
-# Settings that must agree between the calls merged into one document (a block is only
-# a block if every cell streamed the same chunks of the same seed).
 MERGE_KEYS = ("device", "chunks", "warmup", "split_chunks", "profile_chunks", "seed")
 # Estimate for a cell's first worker when nothing of it has run yet (seconds); else the
 # slowest worker seen of any cell. compile_ro compiles the flow's 10-step solver for
@@ -1345,14 +1251,14 @@ def build_document(
         "command": calls[-1]["command"],
         "commands": [c["command"] for c in calls],
         "calls": calls,
-        **_git_info(args.git_commit),
-        "torch": _first_ok(blocks, "torch") or torch.__version__,
-        "cuda": _first_ok(blocks, "cuda") or torch.version.cuda,
-        "cudnn": _first_ok(blocks, "cudnn"),
-        "gpu": _first_ok(blocks, "device_name"),
+        **git_info(args.git_commit),
+        "torch": first_ok(blocks, "torch") or torch.__version__,
+        "cuda": first_ok(blocks, "cuda") or torch.version.cuda,
+        "cudnn": first_ok(blocks, "cudnn"),
+        "gpu": first_ok(blocks, "device_name"),
         "hosts": sorted({r["hostname"] for r in ok if r.get("hostname")}),
         "python": sys.version.split()[0],
-        "minicpmo_utils": _first_ok(blocks, "minicpmo_utils"),
+        "minicpmo_utils": first_ok(blocks, "minicpmo_utils"),
         "determinism": {
             "envelope": ENVELOPE,
             "pinned_in_every_cell": True,
@@ -1429,7 +1335,7 @@ def driver_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "cells": cells,
         "blocks": args.blocks,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **_git_info(args.git_commit),
+        **git_info(args.git_commit),
         "time_budget_s": args.time_budget,
         "launched": 0,
         "skipped": [],
@@ -1459,7 +1365,7 @@ def driver_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         doc = build_document(args, argv, cells_in(blocks, cells), blocks, calls, not_run)
         doc["wall_s"] = sum(float(c.get("wall_s") or 0.0) for c in calls)
         doc["complete"] = complete
-        _write_json(json_path, doc)
+        write_json(json_path, doc)
         return doc
 
     for bi in range(args.blocks):
@@ -1548,12 +1454,6 @@ def _rotate(cells: list[str], k: int) -> list[str]:
     from bench.stats import rotate
 
     return rotate(cells, k)
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    os.replace(tmp, path)
 
 
 # ============================================================================ CLI
@@ -1709,7 +1609,7 @@ def rerender(path: Path) -> int:
     for name in cells:
         what = doc["cells"].get(name, {}).get("what", CELLS[name].what if name in CELLS else "")
         doc["cells"][name] = {"what": what, **agg[name]}
-    _write_json(path.with_suffix(".json"), doc)
+    write_json(path.with_suffix(".json"), doc)
     _write_reports(doc, path)
     return 0
 
