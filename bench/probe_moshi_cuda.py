@@ -63,9 +63,13 @@ def worker(cell: str, frames_n: int, seed: int, full: bool) -> dict:
     if binding is not None:
         st = binding.stats()
         out["replay"] = {
-            n: {"hits": c["hits"], "misses": c["misses"], "rejected": c["rejected"],
+            n: {
+                "hits": c["hits"],
+                "misses": c["misses"],
+                "rejected": c["rejected"],
                 "classes": [(k["status"], k["detail"][:300]) for k in c["classes"]],
-                "capture_s": round(c["capture_s"], 3)}
+                "capture_s": round(c["capture_s"], 3),
+            }
             for n, c in st["callables"].items()
         }
     return out
@@ -86,8 +90,17 @@ def main() -> None:
     for cell in a.cells.split(","):
         env = dict(os.environ, NO_TORCH_COMPILE="1")
         env["NO_CUDA_GRAPH"] = "0" if cell == "vendor" else "1"
-        cmd = [sys.executable, "-m", "bench.probe_moshi_cuda", "--worker", cell,
-               "--frames", str(a.frames), "--seed", str(a.seed)] + (["--full"] if a.full else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.probe_moshi_cuda",
+            "--worker",
+            cell,
+            "--frames",
+            str(a.frames),
+            "--seed",
+            str(a.seed),
+        ] + (["--full"] if a.full else [])
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         if not line:
@@ -98,11 +111,20 @@ def main() -> None:
     ref = res.get("eager", {})
     for cell, r in res.items():
         if "tokens" in r and "tokens" in ref:
-            first = next((i for i, (x, y) in enumerate(zip(r["tok_frames"], ref["tok_frames"])) if x != y), None)
-            firstp = next((i for i, (x, y) in enumerate(zip(r["pcm_frames"], ref["pcm_frames"])) if x != y), None)
-            print(f"SUMMARY {cell}: p50 {r['p50_ms']} ms peak {r['peak_mib']} MiB exact_tokens="
-                  f"{r['tokens'] == ref['tokens']} exact_pcm={r['pcm'] == ref['pcm']} "
-                  f"first_token_diff={first} first_pcm_diff={firstp}", flush=True)
+            first = next(
+                (i for i, (x, y) in enumerate(zip(r["tok_frames"], ref["tok_frames"])) if x != y),
+                None,
+            )
+            firstp = next(
+                (i for i, (x, y) in enumerate(zip(r["pcm_frames"], ref["pcm_frames"])) if x != y),
+                None,
+            )
+            print(
+                f"SUMMARY {cell}: p50 {r['p50_ms']} ms peak {r['peak_mib']} MiB exact_tokens="
+                f"{r['tokens'] == ref['tokens']} exact_pcm={r['pcm'] == ref['pcm']} "
+                f"first_token_diff={first} first_pcm_diff={firstp}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -254,9 +254,7 @@ class _ToIR(Transformer):
         return c[0]
 
     def tensor_arg(self, meta, c):
-        return ir.TensorArg(
-            dtype=str(c[0]), dims=c[1], strides=c[2], offset=c[3], span=_span(meta)
-        )
+        return ir.TensorArg(dtype=str(c[0]), dims=c[1], strides=c[2], offset=c[3], span=_span(meta))
 
     def scalar_arg(self, meta, c):
         return ir.ScalarArg(type=str(c[0]), span=_span(meta))
@@ -282,9 +280,7 @@ class _ToIR(Transformer):
         return _Prop("retains", node, _span(meta))
 
     def prop_counter(self, meta, c):
-        node = ir.HostCounter(
-            site=c[0], advances=int(c[1]), start=int(c[2]), span=_span(meta)
-        )
+        node = ir.HostCounter(site=c[0], advances=int(c[1]), start=int(c[2]), span=_span(meta))
         return _Prop("counters", node, _span(meta))
 
     def config_vars(self, meta, c):

@@ -221,7 +221,9 @@ def test_shipped_contracts_round_trip():
         assert again.model_dump() == contract.model_dump(), path
 
 
-@given(rows=st.integers(1, 6), cols=st.integers(1, 6), pad=st.integers(0, 40), offset=st.integers(0, 5))
+@given(
+    rows=st.integers(1, 6), cols=st.integers(1, 6), pad=st.integers(0, 40), offset=st.integers(0, 5)
+)
 def test_staging_reserve_counts_the_strided_span(rows, cols, pad, offset):
     # eq. (6)'s staging term is the static buffer the runtime allocates: a strided view
     # stages everything its strides reach, plus its offset, not just its elements

@@ -63,9 +63,7 @@ def test_adapter_matches_stock_and_keeps_pins() -> None:
     tokens, pcm = W.run_frames(mimi, lm_gen, frames)
 
     assert tokens == stock_tokens
-    assert all(
-        (a is None and b is None) or torch.equal(a, b) for a, b in zip(pcm, stock_pcm)
-    )
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(pcm, stock_pcm))
     # the stock code rebinds both attributes every frame; the pins put them back
     assert lm_gen._streaming_state.offsets is offsets
     assert int(offsets) == N_FRAMES

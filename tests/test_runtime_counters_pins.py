@@ -93,7 +93,9 @@ def test_pin_copies_rebound_value_and_restores_site() -> None:
     state = types.SimpleNamespace(offsets=torch.zeros(1, dtype=torch.long))
     model = types.SimpleNamespace(state=state)
     steps = (("attr", "state"), ("attr", "offsets"))
-    region = Region(RegionSpec("offsets", torch.long, (1,), None, "session", "mutable"), state.offsets)
+    region = Region(
+        RegionSpec("offsets", torch.long, (1,), None, "session", "mutable"), state.offsets
+    )
     pinned = region.tensor
     for i in range(1, 4):
         state.offsets = torch.where(torch.tensor([True]), state.offsets + 1, state.offsets)
