@@ -61,12 +61,12 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True):
     binding.declared["lm_kv"] = "declared only: no site and no callable uses it"
     binding.declared["mimi_decoder_kv"] = "declared only: no site and no callable uses it"
     binding.declared["mimi_encoder_kv"] = "declared only: no site and no callable uses it"
-    # the stock tensor itself, at its own address (no state rule for this region)
+    # pinned: the stock tensor, kept at its site by the callables that write it (pin_at)
     downsample_first = Region(
         REGIONS["downsample_first"], get_at(model, REGION_SITES["downsample_first"])
     )
     binding.regions["downsample_first"] = downsample_first
-    # the stock tensor itself, at its own address (no state rule for this region)
+    # pinned: the stock tensor, kept at its site by the callables that write it (pin_at)
     lm_offsets = Region(REGIONS["lm_offsets"], get_at(model, REGION_SITES["lm_offsets"]))
     binding.regions["lm_offsets"] = lm_offsets
 
