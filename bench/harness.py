@@ -1,4 +1,5 @@
-"""What both benchmark drivers share: fresh worker processes and result files.
+"""What both benchmark drivers share: fresh worker processes, result files and the
+replay record a worker writes from its Binding.
 
 A driver runs every (block, cell) as ``python -m bench.<name> --worker ...`` in a
 fresh process, echoes its stderr (unless quiet), keeps a tail of it for failure
@@ -149,3 +150,56 @@ def run_worker_process(
     res["process_wall_s"] = wall
     res["command"] = " ".join(shlex.quote(c) for c in cmd[1:])
     return res
+
+
+# ---------------------------------------------------------------- replay telemetry
+def replay_counters(binding: Any) -> dict:
+    """{callable: {"hits": n, "misses": {reason: n}}} of a Binding (empty for none)."""
+    if binding is None:
+        return {}
+    return {
+        name: {"hits": int(r.hits), "misses": {k: int(v) for k, v in r.misses.items()}}
+        for name, r in binding.replays.items()
+    }
+
+
+def counter_delta(after: dict, before: dict) -> dict:
+    """What happened between two ``replay_counters`` readings (the measured window)."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, {"hits": 0, "misses": {}})
+        misses = {k: v - b["misses"].get(k, 0) for k, v in a["misses"].items()}
+        out[name] = {
+            "hits": a["hits"] - b["hits"],
+            "misses": {k: v for k, v in misses.items() if v},
+        }
+    return out
+
+
+def replay_block(binding: Any, window: dict) -> dict | None:
+    """A worker's replay record: the binding's per-callable stats plus the window's counters."""
+    if binding is None:
+        return None
+    stats = binding.stats()
+    callables = {}
+    cap, warm = 0.0, 0.0
+    for name, s in stats["callables"].items():
+        cap += float(s.get("capture_s") or 0.0)
+        warm += float(s.get("warmup_s") or 0.0)
+        callables[name] = {
+            "hits": s["hits"],
+            "misses": s["misses"],
+            "window_hits": window.get(name, {}).get("hits", 0),
+            "window_misses": window.get(name, {}).get("misses", {}),
+            "classes": len(s["classes"]),
+            "captured_classes": sum(1 for c in s["classes"] if c["status"] == "captured"),
+            "class_status": {c["name"]: c["status"] for c in s["classes"]},
+            "rejected": s.get("rejected"),
+            "effect": s.get("effect"),
+            "invalidations": s.get("invalidations", 0),
+            "capture_s": s.get("capture_s"),
+            "warmup_s": s.get("warmup_s"),
+            "capture_reserved_mib": (s.get("capture_reserved_bytes") or 0) / 2**20,
+            "capture_allocated_mib": (s.get("capture_allocated_bytes") or 0) / 2**20,
+        }
+    return {"capture_s": cap, "warmup_s": warm, "callables": callables}

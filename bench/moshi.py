@@ -84,9 +84,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from bench.harness import (
+    counter_delta,
     first_ok,
     git_info,
     json_default,
+    replay_block,
+    replay_counters,
     run_worker_process,
     write_json,
 )
@@ -144,54 +147,6 @@ def cell_env(cell: str, base: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 # ============================================================================ worker
-
-
-def _binding_counters(binding: Any) -> dict:
-    """{callable: {"hits": n, "misses": {reason: n}}} from ``Binding.stats()``."""
-    if binding is None:
-        return {}
-    out = {}
-    for name, s in (binding.stats().get("callables") or {}).items():
-        out[name] = {
-            "hits": int(s.get("hits", 0)),
-            "misses": {k: int(v) for k, v in (s.get("misses") or {}).items()},
-        }
-    return out
-
-
-def counter_delta(after: dict, before: dict) -> dict:
-    out = {}
-    for name, a in after.items():
-        b = before.get(name, {"hits": 0, "misses": {}})
-        misses = {k: v - b["misses"].get(k, 0) for k, v in a["misses"].items()}
-        out[name] = {
-            "hits": a["hits"] - b["hits"],
-            "misses": {k: v for k, v in misses.items() if v},
-        }
-    return out
-
-
-def _replay_block(stats: dict, window: dict) -> dict:
-    callables = {}
-    cap = warm = 0.0
-    for name, s in (stats.get("callables") or {}).items():
-        cap += float(s.get("capture_s") or 0.0)
-        warm += float(s.get("warmup_s") or 0.0)
-        classes = s.get("classes") or []
-        callables[name] = {
-            "hits": s.get("hits"),
-            "misses": s.get("misses"),
-            "window_hits": window.get(name, {}).get("hits", 0),
-            "window_misses": window.get(name, {}).get("misses", {}),
-            "classes": len(classes),
-            "captured_classes": sum(1 for c in classes if c.get("status") == "captured"),
-            "rejected": s.get("rejected"),
-            "effect": s.get("effect"),
-            "invalidations": s.get("invalidations", 0),
-            "capture_s": s.get("capture_s"),
-            "warmup_s": s.get("warmup_s"),
-        }
-    return {"capture_s": cap, "warmup_s": warm, "callables": callables}
 
 
 def _vendor_graph_state(mimi: Any, lm_gen: Any) -> dict:
@@ -387,7 +342,7 @@ def run_worker(args: argparse.Namespace, result: dict) -> None:
     phase("window")
     gc.collect()
     flags["window"] = read_flags()
-    before = _binding_counters(binding)
+    before = replay_counters(binding)
     mem.phase("window")
     window_ms: list[float] = []
     for _ in range(args.frames):
@@ -398,7 +353,7 @@ def run_worker(args: argparse.Namespace, result: dict) -> None:
         window_ms.append((time.perf_counter() - t0) * 1e3)
         hashes.add(toks, outs)  # host copies, outside the timing
     result["window_ms"] = window_ms
-    window_counters = counter_delta(_binding_counters(binding), before)
+    window_counters = counter_delta(replay_counters(binding), before)
 
     phase("profile")
     mem.phase("profile")
@@ -426,9 +381,8 @@ def run_worker(args: argparse.Namespace, result: dict) -> None:
     result["n_samples"] = hashes.n_samples
     result["vendor_graphs_captured"] = _vendor_graph_state(mimi, lm_gen)
     if binding is not None:
-        st = binding.stats()
-        result["replay"] = _replay_block(st, window_counters)
-        result["binding_stats"] = st
+        result["replay"] = replay_block(binding, window_counters)
+        result["binding_stats"] = binding.stats()
         result["binding_report"] = binding.report()
     else:
         result["replay"] = None
@@ -567,47 +521,10 @@ def first_divergence(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -
     return None
 
 
-def _sum_counters(dicts: Any) -> dict:
-    out: dict[str, int] = {}
-    for d in dicts:
-        for k, v in (d or {}).items():
-            out[k] = out.get(k, 0) + int(v)
-    return out
-
-
-def replay_summary(results: Sequence[Mapping[str, Any] | None]) -> dict | None:
-    """Replay counters of the bound cell summed over blocks (None for unbound cells)."""
-    from bench.stats import median
-
-    reps = [r.get("replay") for r in results if r and r.get("status") == "ok" and r.get("replay")]
-    if not reps:
-        return None
-    names = sorted({n for rep in reps for n in rep.get("callables", {})})
-    per = {}
-    for n in names:
-        cs = [rep["callables"][n] for rep in reps if n in rep.get("callables", {})]
-        per[n] = {
-            "hits": sum(c.get("hits") or 0 for c in cs),
-            "misses": _sum_counters(c.get("misses") for c in cs),
-            "window_hits": sum(c.get("window_hits") or 0 for c in cs),
-            "window_misses": _sum_counters(c.get("window_misses") for c in cs),
-            "captured_classes": max((c.get("captured_classes") or 0 for c in cs), default=0),
-            "classes": max((c.get("classes") or 0 for c in cs), default=0),
-            "invalidations": sum(c.get("invalidations") or 0 for c in cs),
-        }
-    return {
-        "blocks": len(reps),
-        "window_hits": sum(p["window_hits"] for p in per.values()),
-        "window_misses": _sum_counters(p["window_misses"] for p in per.values()),
-        "capture_s": median(rep.get("capture_s") for rep in reps),
-        "callables": per,
-    }
-
-
 def aggregate(blocks: Sequence[Mapping[str, Any]], cells: Sequence[str]) -> dict:
     """Cells' summaries across blocks; ``blocks`` as the driver keeps them
     (``{"block": b, "seed": s, "results": {cell: worker_result}}``)."""
-    from bench.stats import invert_ratio, median, paired_ratio
+    from bench.stats import invert_ratio, median, paired_ratio, replay_summary
 
     def raw(c: str) -> list:
         return [(b.get("results") or {}).get(c) for b in blocks]

@@ -122,9 +122,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench.harness import (
+    counter_delta,
     first_ok,
     git_info,
     json_default,
+    replay_block,
+    replay_counters,
     run_worker_process,
     write_json,
 )
@@ -444,55 +447,6 @@ def summarize_trace(events: Sequence[dict], n_chunks: int) -> dict:
 
 
 # ============================================================================ worker
-
-
-def _replay_counters(binding: Any) -> dict:
-    if binding is None:
-        return {}
-    return {
-        name: {"hits": int(r.hits), "misses": {k: int(v) for k, v in r.misses.items()}}
-        for name, r in binding.replays.items()
-    }
-
-
-def _counter_delta(after: dict, before: dict) -> dict:
-    out = {}
-    for name, a in after.items():
-        b = before.get(name, {"hits": 0, "misses": {}})
-        misses = {k: v - b["misses"].get(k, 0) for k, v in a["misses"].items()}
-        out[name] = {
-            "hits": a["hits"] - b["hits"],
-            "misses": {k: v for k, v in misses.items() if v},
-        }
-    return out
-
-
-def _replay_block(binding: Any, window: dict) -> dict | None:
-    if binding is None:
-        return None
-    stats = binding.stats()
-    callables = {}
-    cap, warm = 0.0, 0.0
-    for name, s in stats["callables"].items():
-        cap += float(s.get("capture_s") or 0.0)
-        warm += float(s.get("warmup_s") or 0.0)
-        callables[name] = {
-            "hits": s["hits"],
-            "misses": s["misses"],
-            "window_hits": window.get(name, {}).get("hits", 0),
-            "window_misses": window.get(name, {}).get("misses", {}),
-            "classes": len(s["classes"]),
-            "captured_classes": sum(1 for c in s["classes"] if c["status"] == "captured"),
-            "class_status": {c["name"]: c["status"] for c in s["classes"]},
-            "rejected": s.get("rejected"),
-            "effect": s.get("effect"),
-            "invalidations": s.get("invalidations", 0),
-            "capture_s": s.get("capture_s"),
-            "warmup_s": s.get("warmup_s"),
-            "capture_reserved_mib": (s.get("capture_reserved_bytes") or 0) / MIB,
-            "capture_allocated_mib": (s.get("capture_allocated_bytes") or 0) / MIB,
-        }
-    return {"capture_s": cap, "warmup_s": warm, "callables": callables}
 
 
 class CellFailed(RuntimeError):
@@ -880,7 +834,7 @@ def run_worker(args: argparse.Namespace, result: dict) -> None:
     phase("window")
     gc.collect()
     flags["window"] = read_flags()
-    before = _replay_counters(binding)
+    before = replay_counters(binding)
     mem.phase("window")
     result["window_start_allocated_mib"] = mem.allocated_mib()
     window_ms: list[float] = []
@@ -891,7 +845,7 @@ def run_worker(args: argparse.Namespace, result: dict) -> None:
         sync()
         window_ms.append((time.perf_counter() - t0) * 1e3)
     result["window_ms"] = window_ms
-    window_counters = _counter_delta(_replay_counters(binding), before)
+    window_counters = counter_delta(replay_counters(binding), before)
     if compiled:
         after_window = dynamo_counters()
         setup_info["dynamo_counters_window"] = counters_delta(after_window, after_warmup)
@@ -943,7 +897,7 @@ def run_worker(args: argparse.Namespace, result: dict) -> None:
     result["chunk_sha256"] = chunk_shas
     result["n_samples"] = n_samples
     result["carry_lengths_end"] = W.carry_lengths(t2w)
-    result["replay"] = _replay_block(binding, window_counters)
+    result["replay"] = replay_block(binding, window_counters)
     if binding is not None:
         result["binding_stats"] = binding.stats()
         result["binding_report"] = binding.report()
