@@ -70,7 +70,10 @@ class CallableAnalysis(_Frozen):
     region_widths: tuple[tuple[str, int], ...]
     # `region r[i]`: (region, config variable, slots read); the slots count in |Q|
     slots: tuple[tuple[str, str, int], ...] = ()
-    bound: int  # |Q| * prod K_r
+    bound: int  # |Q| * prod K_r * |A|
+    # |A|: the declared ambient states (`ambient autocast in {...}`); every class is
+    # captured once per state, sharing its staging buffers
+    ambient_states: int = 1
     enumerated: bool
     classes: tuple[CatalogClass, ...]  # admitted classes, in enumeration order
     rejected_by_admission: int
@@ -268,7 +271,8 @@ def analyse_callable(
         for a in k.args
         if isinstance(a.type, ir.RegionArg) and a.type.index is not None
     )
-    bound = len(q) * math.prod(w for _, w in widths)
+    n_ambient = math.prod(len(set(a.values)) for a in k.ambient)
+    bound = len(q) * math.prod(w for _, w in widths) * n_ambient
     states, enumerated = joint_extents(region_args, checked.regions)
     classes: list[CatalogClass] = []
     rejected = 0
@@ -292,7 +296,7 @@ def analyse_callable(
                     nbytes = per_frame * (extent if ra.axis is not None else 1)
                     # `region r[i]` stages one slot of the leading axis
                     staging += nbytes // ra.shape[0] if a.type.index is not None else nbytes
-    width = len(classes) if enumerated else bound
+    width = len(classes) * n_ambient if enumerated else bound
     write_through = sum(regions[r].demand_bytes for r in k.writes if r in regions)
     if width > checked.budget:
         in_scope = False
@@ -311,6 +315,7 @@ def analyse_callable(
         region_widths=widths,
         slots=slots,
         bound=bound,
+        ambient_states=n_ambient,
         enumerated=enumerated,
         classes=tuple(classes),
         rejected_by_admission=rejected,

@@ -193,6 +193,14 @@ class HostCounter(Node):
     start: int
 
 
+class Ambient(Node):
+    """`ambient autocast in {off, float16}`: the states of one ambient axis the callable
+    is called under; every class is captured once per state (runtime/ambient.py)."""
+
+    axis: str
+    values: tuple[str, ...]
+
+
 class Callable(Node):
     name: str
     site: Path | None = None
@@ -204,6 +212,7 @@ class Callable(Node):
     configs: tuple[Config, ...] = ()
     admit: tuple[Condition, ...] = ()
     counters: tuple[HostCounter, ...] = ()
+    ambient: tuple[Ambient, ...] = ()
     effects: Literal["none", "device_rng", "host_rng"] = "none"
     mode: Literal["replay", "eager"] = "replay"
     note: str | None = None

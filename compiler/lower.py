@@ -82,6 +82,10 @@ def _structure(args: list[ir.Arg], cls: CatalogClass, checked: Checked) -> str:
     return parts
 
 
+def _autocast_code(state: str) -> str:
+    return "Autocast(None)" if state == "off" else f"Autocast(torch.{state})"
+
+
 def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
     regions = {r.name: r for r in checked.contract.regions}
     positional = [a for a in k.args if not a.keyword]
@@ -126,6 +130,8 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
         "width": analysis.width,
         "bound": analysis.bound,
         "effect": EFFECT[k.effects],
+        # the autocast states each class is captured under (runtime/ambient.py)
+        "ambient": [_autocast_code(v) for a in k.ambient for v in a.values],
         "aliased": list(k.aliased),
         "writes": [w for w in k.writes],
         "write_sites": [

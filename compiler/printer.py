@@ -113,6 +113,8 @@ def _callable(k: ir.Callable) -> list[str]:
         out.append(f"  config {names} in {{{values}}}")
     for n in k.counters:
         out.append(f"  counter {path(n.site)} advances {n.advances} from {n.start}")
+    for a in k.ambient:
+        out.append(f"  ambient {a.axis} in {{{', '.join(a.values)}}}")
     if k.admit:
         out.append(
             "  admit " + " and ".join(f"{expr(c.left)} {c.op} {expr(c.right)}" for c in k.admit)

@@ -66,6 +66,8 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
         for r, i, n in k.slots:
             by_var.setdefault((i, n), []).append(r)
         parts += [f"{i}: {n} slots of {', '.join(rs)} (in |Q|)" for (i, n), rs in by_var.items()]
+        if k.ambient_states > 1:
+            parts.append(f"x {k.ambient_states} ambient states")
         widths = "; ".join(p for p in parts if p) or "-"
         scope = "replay" if k.in_scope else f"eager: {k.scope_reason}"
         calls.add_row(k.name, str(k.q_size), widths, str(k.bound), str(k.width), scope)

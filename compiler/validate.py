@@ -23,6 +23,10 @@ ROOT_CLOCK = "call"
 KNOWN_SETTINGS = frozenset(
     {"cudnn.deterministic", "cudnn.benchmark", "cudnn.allow_tf32", "cuda.matmul.allow_tf32"}
 )
+# What `ambient autocast in {...}` may list: off, or an autocast dtype (float32 is what
+# `torch.autocast("cuda", dtype=torch.float32)` enables on CUDA; it casts nothing, but
+# it is a distinct ambient state, so a callable called under it must declare it).
+AUTOCAST_STATES = ("off", "float32", "float16", "bfloat16")
 # Region, callable and constant names become Python identifiers in the generated
 # adapter; these would be syntax errors or would shadow what bind() itself uses.
 RESERVED_NAMES = frozenset(
@@ -526,6 +530,7 @@ class _Validator:
                     "attribute that advances by at least 1 per call",
                     counter.span,
                 )
+        self.check_ambient(k)
         for cond in k.admit:
             for side in (cond.left, cond.right):
                 self.eval(side, names={n: Value(0, None) for n in config_names} | {})
@@ -536,6 +541,34 @@ class _Validator:
                 "so declare `mode eager`",
                 spans.get("effects", k.span),
             )
+
+    def check_ambient(self, k: ir.Callable) -> None:
+        axes: set[str] = set()
+        for amb in k.ambient:
+            if amb.axis != "autocast":
+                self.err(
+                    "CLK060",
+                    f"unknown ambient axis '{amb.axis}' of callable '{k.name}' (known: autocast)",
+                    amb.span,
+                )
+                continue
+            if amb.axis in axes:
+                self.err("CLK026", f"callable {k.name} declares 'ambient {amb.axis}' twice", amb.span)
+            axes.add(amb.axis)
+            for v in amb.values:
+                if v not in AUTOCAST_STATES:
+                    self.err(
+                        "CLK061",
+                        f"autocast state '{v}' of callable '{k.name}' is not one of "
+                        f"{', '.join(AUTOCAST_STATES)}",
+                        amb.span,
+                    )
+            if len(set(amb.values)) != len(amb.values):
+                self.err(
+                    "CLK061",
+                    f"callable '{k.name}' lists an autocast state twice in {{{', '.join(amb.values)}}}",
+                    amb.span,
+                )
 
     def check_index(
         self, k: ir.Callable, dotted: str, t: ir.RegionArg, config_names: set[str]

@@ -283,6 +283,16 @@ class _ToIR(Transformer):
         node = ir.HostCounter(site=c[0], advances=int(c[1]), start=int(c[2]), span=_span(meta))
         return _Prop("counters", node, _span(meta))
 
+    def ambient_value(self, meta, c):
+        return str(c[0]) if c else "off"
+
+    def ambient_values(self, meta, c):
+        return tuple(c)
+
+    def prop_ambient(self, meta, c):
+        node = ir.Ambient(axis=str(c[0]), values=c[1], span=_span(meta))
+        return _Prop("ambient", node, _span(meta))
+
     def config_vars(self, meta, c):
         return tuple(str(x) for x in c)
 
@@ -305,7 +315,7 @@ class _ToIR(Transformer):
         return _Prop("admit", tuple(c), _span(meta))
 
     # ---- blocks
-    _REPEATED = {"args", "retains", "configs", "counters"}
+    _REPEATED = {"args", "retains", "configs", "counters", "ambient"}
     _LISTS = {"aliased", "writes"}
 
     def _fold(self, kind: str, name_tok: Token, props: list[_Prop]) -> dict:

@@ -17,7 +17,8 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   counters     HostCounter: host ints a stock body advances, kept by the engine
   pins         pin_at: one tensor at a site the stock code rebinds every call
   controls     disable switch, strict mode, ReplayMiss
-  determinism  pin_determinism, determinism_settings
+  ambient      the torch settings a replay keys on (autocast, backend flags, modes)
+  determinism  apply/restore/pin the contract's determinism settings
   telemetry    the "duplexcadence" logger, format_report
 """
 
@@ -36,7 +37,14 @@ from .controls import (
     strict_mode,
 )
 from .cow import CopyOnWrite
-from .determinism import determinism_settings, pin_determinism
+from .ambient import Autocast
+from .determinism import (
+    KNOWN_SETTINGS,
+    apply_settings,
+    determinism_settings,
+    pin_determinism,
+    restore_settings,
+)
 from .effects import Effect
 from .outputs import OutputPlan
 from .regions import Region, RegionSpec
@@ -66,8 +74,12 @@ __all__ = [
     "strict",
     "strict_mode",
     "CopyOnWrite",
+    "Autocast",
+    "KNOWN_SETTINGS",
+    "apply_settings",
     "determinism_settings",
     "pin_determinism",
+    "restore_settings",
     "Effect",
     "OutputPlan",
     "Region",
@@ -88,9 +100,7 @@ __all__ = [
 
 # Binding sites and the Binding record that generated bind() functions fill.
 from .binding import (
-    KNOWN_SETTINGS,
     Binding,
-    apply_settings,
     infer_device,
     install_region,
     adopt_prefix,
@@ -109,9 +119,7 @@ from .sites import (
 __all__ += [
     "HostCounter",
     "pin_at",
-    "KNOWN_SETTINGS",
     "Binding",
-    "apply_settings",
     "infer_device",
     "SiteError",
     "get_at",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from duplexcadence.runtime.determinism import restore_settings
 from duplexcadence.runtime.sites import Step, format_path, set_at
 
 
@@ -28,11 +29,15 @@ class Binding:
         self._undo.append((obj, steps, old))
 
     def unbind(self) -> None:
-        """Put back the stock callables and constants bind() replaced. Regions stay: the
-        stock buffers they replaced were released, so rebuild a model to go back to stock."""
+        """Put back the stock callables and constants bind() replaced, and the
+        determinism settings bind() changed. Regions stay: the stock buffers they
+        replaced were released, so rebuild a model to go back to stock."""
         while self._undo:
             obj, steps, old = self._undo.pop()
             set_at(obj, steps, old)
+        previous = self.determinism.pop("previous", None)
+        if previous:
+            restore_settings(previous)
 
     def capture(self, *, progress: bool = True) -> "Binding":
         """Capture every replayed callable's catalog (before traffic).
@@ -83,35 +88,6 @@ def _region_stats(region: Any) -> dict:
         if hasattr(region, counter):
             out[counter] = getattr(region, counter)
     return out
-
-
-# Determinism settings a contract may pin, by the name it uses for them.
-_SETTINGS = {
-    "cudnn.deterministic": ("backends.cudnn", "deterministic"),
-    "cudnn.benchmark": ("backends.cudnn", "benchmark"),
-    "cudnn.allow_tf32": ("backends.cudnn", "allow_tf32"),
-    "cuda.matmul.allow_tf32": ("backends.cuda.matmul", "allow_tf32"),
-}
-KNOWN_SETTINGS = frozenset(_SETTINGS)
-
-
-def apply_settings(settings: dict) -> dict:
-    """Set the declared determinism flags on torch and return what is now in force."""
-    import torch
-
-    record = {}
-    for name, value in settings.items():
-        if name not in _SETTINGS:
-            raise ValueError(f"unknown determinism setting {name!r}; known: {sorted(_SETTINGS)}")
-        owner_path, attr = _SETTINGS[name]
-        owner = torch
-        for part in owner_path.split("."):
-            owner = getattr(owner, part)
-        setattr(owner, attr, value)
-        record[name] = getattr(owner, attr)
-    record["torch"] = torch.__version__
-    record["cuda"] = torch.version.cuda
-    return record
 
 
 def infer_device(model: Any):

@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import signature as R
+from .ambient import AUTOCAST_OFF, Autocast, ambient_state, describe_difference
 from .backend import CudaGraphBackend, GraphBackend
 from .classes import CaptureClass, materialize, staging_bytes
 from .controls import ReplayMiss, replay_enabled, strict_mode
@@ -56,7 +57,13 @@ from .effects import Effect, classify, host_rng_restore, host_rng_snapshot
 from .hoist import HostConstants
 from .outputs import OutputPlan
 from .regions import Region
-from .signature import CatalogDispatch, Miss, is_unkeyable, signature_and_leaves
+from .signature import (
+    CatalogDispatch,
+    Miss,
+    describe_mismatch,
+    is_unkeyable,
+    signature_and_leaves,
+)
 from .telemetry import LOGGER
 
 
@@ -64,6 +71,8 @@ from .telemetry import LOGGER
 class _Entry:
     index: int
     cls: CaptureClass
+    ambient: Autocast = AUTOCAST_OFF  # the declared autocast state it is captured under
+    first_variant: bool = True  # variants of one class share its staging buffers
     status: str = "pending"  # pending | captured | failed | invalidated | rejected
     sig: tuple | None = None
     captured: Any = None
@@ -71,12 +80,14 @@ class _Entry:
     inputs: tuple = ()  # (args, kwargs) kept alive: the graph reads these buffers
     staged: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     aliased: list[tuple[int, int]] = field(default_factory=list)
+    ambient_key: tuple | None = None  # ambient.ambient_state() as captured
     hits: int = 0
     warmup_s: float = 0.0
     capture_s: float = 0.0
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None
     detail: str = ""
+    name: str = ""  # the class name, with its autocast state when several are declared
 
 
 def _buffer_key(t: torch.Tensor) -> tuple:
@@ -98,6 +109,7 @@ class ExactShapeReplay:
         pool: Any = None,
         backend: GraphBackend | None = None,
         counters: tuple[HostCounter, ...] | list[HostCounter] = (),
+        ambient: tuple[Autocast, ...] | list[Autocast] = (AUTOCAST_OFF,),
     ) -> None:
         names = [c.name for c in classes]
         if len(set(names)) != len(names):
@@ -112,6 +124,9 @@ class ExactShapeReplay:
         self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
         self.pool = pool
         self.counters = tuple(counters)
+        self.ambient = tuple(ambient)
+        if not self.ambient or len(set(self.ambient)) != len(self.ambient):
+            raise ValueError(f"{name}: ambient states must be distinct and non-empty")
         self.host_constants = HostConstants(device)
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
         self.effect: Effect | None = None
@@ -119,9 +134,21 @@ class ExactShapeReplay:
         self.captured = False
         self.hits = 0
         self.misses: Counter[str] = Counter()
+        self.miss_details: dict[str, str] = {}  # the first miss of each reason, explained
         self.invalidations = 0
         self.invalidation_log: list[str] = []
-        self._entries = [_Entry(i, c) for i, c in enumerate(self.classes)]
+        # one entry per (class, declared ambient state), class-major
+        self._entries = [
+            _Entry(
+                i * len(self.ambient) + j,
+                c,
+                a,
+                first_variant=(j == 0),
+                name=c.name if len(self.ambient) == 1 else f"{c.name} @autocast={a.label}",
+            )
+            for i, c in enumerate(self.classes)
+            for j, a in enumerate(self.ambient)
+        ]
         self._dispatch = CatalogDispatch({})
         # signature -> the entries that share it (they differ by aliased pointers only)
         self._groups: dict[tuple, list[int]] = {}
@@ -147,13 +174,10 @@ class ExactShapeReplay:
         snap = self._snapshot()
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators
+        n = len(self.ambient)
         with _progress(progress, f"capturing {self.name}", len(self._entries)) as advance:
-            for e in self._entries:
-                if self.rejected is None:
-                    self._capture_one(e, gen, snap)
-                else:
-                    e.status = "rejected"
-                advance()
+            for i in range(len(self.classes)):
+                self._capture_class(self._entries[i * n : (i + 1) * n], gen, snap, advance)
         # a signature is admitted while one of its classes is captured; the key is the
         # signature itself, which names its group of entries
         keys = {
@@ -176,75 +200,100 @@ class ExactShapeReplay:
         )
         return self
 
-    def _capture_one(self, e: _Entry, gen: torch.Generator, snap: dict) -> None:
-        args, kwargs, aliased_ids = materialize(e.cls, self.regions, self.device, gen)
+    def _capture_class(
+        self, variants: list[_Entry], gen: torch.Generator, snap: dict, advance: Callable
+    ) -> None:
+        """Materialise one class's inputs once; capture it under each ambient state."""
+        cls = variants[0].cls
+        args, kwargs, aliased_ids = materialize(cls, self.regions, self.device, gen)
         sig, leaves = signature_and_leaves(args, kwargs)
-        if is_unkeyable(sig):
-            e.status, e.detail = "failed", f"unkeyable argument {sig[1]}"
-            LOGGER.warning("%s[%s]: %s", self.name, e.cls.name, e.detail)
-            return
         aliased = [(i, t.data_ptr()) for i, t in enumerate(leaves) if id(t) in aliased_ids]
+        staged = [(i, t) for i, t in enumerate(leaves) if id(t) not in aliased_ids]
+        for e in variants:
+            if self.rejected is not None:
+                e.status = "rejected"
+            elif is_unkeyable(sig):
+                e.status, e.detail = "failed", f"unkeyable argument {sig[1]}"
+                LOGGER.warning("%s[%s]: %s", self.name, e.name, e.detail)
+            else:
+                self._enter_group(e, sig, aliased, staged)
+                self._capture_one(e, args, kwargs, snap)
+            advance()
+
+    def _enter_group(self, e: _Entry, sig: tuple, aliased: list, staged: list) -> None:
         for j in self._groups.get(sig, ()):
-            if self._entries[j].aliased == aliased:
+            other = self._entries[j]
+            if other.aliased == aliased and other.ambient == e.ambient:
                 raise ValueError(
-                    f"{self.name}: classes {self._entries[j].cls.name!r} and "
-                    f"{e.cls.name!r} have the same signature and alias the same pointers"
+                    f"{self.name}: classes {other.cls.name!r} and {e.cls.name!r} have the "
+                    "same signature, alias the same pointers and share an ambient state"
                 )
-        e.sig = sig
-        e.aliased = aliased
-        e.staged = [(i, t) for i, t in enumerate(leaves) if id(t) not in aliased_ids]
+        e.sig, e.aliased, e.staged = sig, aliased, staged
         self._groups.setdefault(sig, []).append(e.index)
+
+    def _capture_one(self, e: _Entry, args: tuple, kwargs: dict, snap: dict) -> None:
         dev, b = self.device, self.backend
         try:
-            # warm-up and capture see host-built constants as device buffers (hoist.py)
-            with torch.no_grad(), self.host_constants:
-                t0 = time.perf_counter()
-                self._counters_at_start()
-                host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
-                b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
-                effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
-                self._restore(snap)
-                if effect is Effect.HOST_RNG:
-                    self._reject(R.HOST_RNG, f"class {e.cls.name} draws host randomness")
-                    e.status = "rejected"
-                    return
-                if effect is not self.declared_effect:
-                    self._reject(
-                        R.EFFECT_MISMATCH,
-                        f"class {e.cls.name}: probe saw {effect.value}, "
-                        f"declared {self.declared_effect.value}",
-                    )
-                    e.status = "rejected"
-                    return
-                self.effect = effect
-                if self.warmup > 1:
-                    self._counters_at_start()
-                    b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
-                    self._restore(snap)
-                self._counters_at_start()
-                e.warmup_s = time.perf_counter() - t0
-                a0, r0 = b.memory(dev)
-                t1 = time.perf_counter()
-                e.captured = b.capture(self.fn, args, kwargs, dev, self.pool)
-                e.capture_s = time.perf_counter() - t1
-                a1, r1 = b.memory(dev)
+            # the declared ambient state holds for probe, warm-up and capture; its key
+            # is read before the engine's own torch-function mode (hoist.py) is entered
+            with torch.no_grad(), e.ambient.context(dev.type):
+                e.ambient_key = ambient_state(dev.type)
+                with self.host_constants:
+                    captured = self._probe_and_capture(e, args, kwargs, snap)
         except Exception as exc:  # fail closed: this class stays eager
             e.status, e.detail = "failed", f"{type(exc).__name__}: {exc}"
             LOGGER.warning(
-                "%s[%s]: capture failed (%s); class runs eager", self.name, e.cls.name, e.detail
+                "%s[%s]: capture failed (%s); class runs eager", self.name, e.name, e.detail
             )
             return
         finally:
             self._restore(snap)
-        if a0 is not None and a1 is not None:
-            e.allocated_bytes = a1 - a0
-        if r0 is not None and r1 is not None:
-            e.reserved_bytes = r1 - r0
+        if not captured:
+            return
         kept = [r.storage_ptr() for r in self.regions.values()]
         kept += [g().untyped_storage().data_ptr() for g in self.write_through.values()]
         e.plan = OutputPlan(e.captured.outputs, kept)
         e.inputs = (args, kwargs)
         e.status = "captured"
+
+    def _probe_and_capture(self, e: _Entry, args: tuple, kwargs: dict, snap: dict) -> bool:
+        """Probe (effect classification), warm up, capture. False: rejected."""
+        dev, b = self.device, self.backend
+        t0 = time.perf_counter()
+        self._counters_at_start()
+        host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
+        b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
+        effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
+        self._restore(snap)
+        if effect is Effect.HOST_RNG:
+            self._reject(R.HOST_RNG, f"class {e.name} draws host randomness")
+            e.status = "rejected"
+            return False
+        if effect is not self.declared_effect:
+            self._reject(
+                R.EFFECT_MISMATCH,
+                f"class {e.name}: probe saw {effect.value}, "
+                f"declared {self.declared_effect.value}",
+            )
+            e.status = "rejected"
+            return False
+        self.effect = effect
+        if self.warmup > 1:
+            self._counters_at_start()
+            b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
+            self._restore(snap)
+        self._counters_at_start()
+        e.warmup_s = time.perf_counter() - t0
+        a0, r0 = b.memory(dev)
+        t1 = time.perf_counter()
+        e.captured = b.capture(self.fn, args, kwargs, dev, self.pool)
+        e.capture_s = time.perf_counter() - t1
+        a1, r1 = b.memory(dev)
+        if a0 is not None and a1 is not None:
+            e.allocated_bytes = a1 - a0
+        if r0 is not None and r1 is not None:
+            e.reserved_bytes = r1 - r0
+        return True
 
     def _snapshot(self) -> dict:  # noqa: D401 - state saved around capture
         bufs = {f"region:{n}": r.tensor for n, r in self.regions.items()}
@@ -296,18 +345,28 @@ class ExactShapeReplay:
         sig, leaves = signature_and_leaves(args, kwargs)
         hit = self._dispatch.lookup(sig)
         if type(hit) is Miss:
-            return self._eager(hit.reason, args, kwargs)
+            return self._eager(
+                hit.reason, args, kwargs, lambda: describe_mismatch(self._dispatch.keys(), sig)
+            )
         group = self._groups[hit]  # type: ignore[index]
         for wname, getter, key in self._wt:
             now = _buffer_key(getter())
             if now != key:
                 self._invalidate(hit, wname, key, now)  # type: ignore[arg-type]
                 return self._eager(R.WRITE_THROUGH_POINTER, args, kwargs)
-        e = self._select(group, leaves)
+        ambient = ambient_state(self.device.type)
+        same_ambient = [j for j in group if self._entries[j].ambient_key == ambient]
+        if not same_ambient:
+            return self._eager(
+                R.AMBIENT_STATE, args, kwargs, lambda: self._ambient_detail(group, ambient)
+            )
+        e = self._select(same_ambient, leaves)
         if e is None:
-            return self._eager(R.ALIASED_POINTER, args, kwargs)
+            return self._eager(
+                R.ALIASED_POINTER, args, kwargs, lambda: self._pointer_detail(same_ambient, leaves)
+            )
         if e.status != "captured":  # a class of this group whose capture failed
-            return self._eager(R.CAPTURE_FAILED, args, kwargs)
+            return self._eager(R.CAPTURE_FAILED, args, kwargs, lambda: e.detail)
         for i, buf in e.staged:
             buf.copy_(leaves[i])
         e.captured.replay()
@@ -325,12 +384,40 @@ class ExactShapeReplay:
                 return e
         return None
 
-    def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
+    def _ambient_detail(self, group: list[int], live: tuple) -> str:
+        keys = [self._entries[j].ambient_key for j in group]
+        captured = [k for k in keys if k is not None]
+        if not captured:
+            return "no class of this signature recorded an ambient state"
+        return describe_difference(self.device.type, captured[0], live)
+
+    def _pointer_detail(self, group: list[int], leaves: list[torch.Tensor]) -> str:
+        e = self._entries[group[0]]
+        for i, ptr in e.aliased:
+            if leaves[i].data_ptr() != ptr:
+                return (
+                    f"aliased argument leaf {i} is at 0x{leaves[i].data_ptr():x}; "
+                    f"{len(group)} captured class(es) alias e.g. 0x{ptr:x} ({e.name})"
+                )
+        return "no captured class aliases these pointers"
+
+    def _eager(
+        self, reason: str, args: tuple, kwargs: dict, detail: Callable[[], str] | None = None
+    ) -> Any:
         self.misses[reason] += 1
-        if self.misses[reason] == 1:
-            LOGGER.info("%s: first eager fallback for reason %s", self.name, reason)
-        if reason != R.DISABLED and strict_mode():
-            raise ReplayMiss(self.name, reason)
+        strict = reason != R.DISABLED and strict_mode()
+        if self.misses[reason] == 1 or strict:
+            text = detail() if detail is not None else ""
+            if self.misses[reason] == 1:
+                self.miss_details[reason] = text
+                LOGGER.info(
+                    "%s: first eager fallback for reason %s%s",
+                    self.name,
+                    reason,
+                    f": {text}" if text else "",
+                )
+            if strict:
+                raise ReplayMiss(self.name, reason, text)
         return self.fn(*args, **kwargs)
 
     def _invalidate(self, sig: tuple, wname: str, was: tuple, now: tuple) -> None:
@@ -338,7 +425,7 @@ class ExactShapeReplay:
         group = [
             self._entries[j] for j in self._groups[sig] if self._entries[j].status == "captured"
         ]
-        names = ", ".join(e.cls.name for e in group)
+        names = ", ".join(e.name for e in group)
         msg = (
             f"{self.name}[{names}]: write-through buffer {wname} moved "
             f"(ptr 0x{was[0]:x} shape {was[1]} -> ptr 0x{now[0]:x} shape {now[1]}); "
@@ -356,14 +443,16 @@ class ExactShapeReplay:
     def stats(self) -> dict:
         cls = [
             {
-                "name": e.cls.name,
+                "name": e.name,
+                "ambient": e.ambient.label,
                 "status": e.status,
                 "hits": e.hits,
                 "warmup_s": e.warmup_s,
                 "capture_s": e.capture_s,
                 "allocated_bytes": e.allocated_bytes,
                 "reserved_bytes": e.reserved_bytes,
-                "staging_bytes": staging_bytes(e.cls),
+                # variants of one class share its staging buffers
+                "staging_bytes": staging_bytes(e.cls) if e.first_variant else 0,
                 "detail": e.detail,
             }
             for e in self._entries
@@ -385,6 +474,8 @@ class ExactShapeReplay:
             "counters": {c.name: {"start": c.start, "advances": c.advances} for c in self.counters},
             "hits": self.hits,
             "misses": dict(self.misses),
+            "miss_details": dict(self.miss_details),
+            "ambient": [a.label for a in self.ambient],
             "host_constants": {
                 "device_buffers": len(self.host_constants.cache),
                 "served": self.host_constants.served,

@@ -49,6 +49,7 @@ NO_CUDA = "no_cuda"
 DISABLED = "disabled"
 GRAD_ENABLED = "grad_enabled"
 COUNTER_BEFORE_START = "counter_before_start"
+AMBIENT_STATE = "ambient_state"  # a torch setting differs from every capture (ambient.py)
 
 
 class Key(enum.Enum):
@@ -171,6 +172,73 @@ class CatalogDispatch:
 
     def keys(self) -> list[tuple]:
         return list(self._keys)
+
+
+_TENSOR_FIELDS = ("shape", "stride", "dtype", "device type", "device index", "requires_grad")
+
+
+def _flat_leaves(sig: tuple) -> dict[str, tuple]:
+    """``{path: leaf encoding}`` of a keyable signature, paths as the caller wrote them."""
+    out: dict[str, tuple] = {}
+
+    def walk(e: Any, path: str) -> None:
+        tag = e[0] if isinstance(e, tuple) and e else None
+        if tag in ("tuple", "list"):
+            for i, x in enumerate(e[1]):
+                walk(x, f"{path}[{i}]")
+        elif tag == "dict":
+            for k, x in e[1]:
+                walk(x, f"{path}[{k!r}]")
+        else:
+            out[path] = e
+
+    args, kwargs = sig
+    for i, x in enumerate(args[1]):
+        walk(x, f"args[{i}]")
+    for k, x in kwargs:
+        walk(x, k)
+    return out
+
+
+def _show_leaf(e: tuple) -> str:
+    if e[0] == "T":
+        return f"tensor{list(e[1])} stride {e[2]} {e[3].removeprefix('torch.')} on {e[4]}"
+    if e[0] == "None":
+        return "None"
+    return f"{e[0]} {e[-1]!r}"
+
+
+def _leaf_difference(path: str, was: tuple | None, now: tuple | None) -> str:
+    if was is None:
+        return f"{path}: not in the captured signature (live {_show_leaf(now)})"  # type: ignore[arg-type]
+    if now is None:
+        return f"{path}: missing from the call (captured {_show_leaf(was)})"
+    if was[0] == now[0] == "T":
+        for name, a, b in zip(_TENSOR_FIELDS, was[1:], now[1:]):
+            if a != b:
+                return f"{path}: {name} captured {a}, live {b}"
+        return f"{path}: pointer alignment captured {was[-1]} (mod 16), live {now[-1]}"
+    return f"{path}: captured {_show_leaf(was)}, live {_show_leaf(now)}"
+
+
+def describe_mismatch(captured: Iterable[tuple], live: tuple) -> str:
+    """Why ``live`` matched no captured signature: the first differing argument leaf of
+    the nearest captured signature (fewest differing leaves), captured vs live."""
+    if is_unkeyable(live):
+        return f"unkeyable argument: {live[1]}"
+    now = _flat_leaves(live)
+    best: tuple[int, str] | None = None
+    for sig in captured:
+        was = _flat_leaves(sig)
+        paths = list(dict.fromkeys([*was, *now]))
+        diff = [p for p in paths if was.get(p) != now.get(p)]
+        if diff and (best is None or len(diff) < best[0]):
+            first = diff[0]
+            best = (len(diff), _leaf_difference(first, was.get(first), now.get(first)))
+    if best is None:
+        return "no captured signature"
+    n, text = best
+    return text + (f" (and {n - 1} more)" if n > 1 else "")
 
 
 def _layout_stride(x: torch.Tensor) -> tuple[int, ...]:

@@ -322,3 +322,57 @@ def test_host_built_constants_and_istft_are_captured_exactly():
     assert stats["hits"] == 3, stats
     assert stats["host_constants"]["device_buffers"] >= 2
     assert stats["host_constants"]["istft_without_host_check"] >= 1
+
+
+# ------------------------------------------------------------------ ambient state
+from ambient_flips import flipped  # noqa: E402
+
+from duplexcadence.runtime import Autocast, ambient  # noqa: E402
+
+FLIPPED = [n for n in ambient.names("cuda") if n != "cuda.current_device"]
+
+
+@pytest.mark.parametrize("name", FLIPPED)
+def test_changed_ambient_setting_never_replays(name):
+    """Under any keyed setting changed after capture the call runs eager: its bytes are
+    the eager bytes under that setting (often not the captured graph's)."""
+    ref, m = Attn(), Attn()
+    eng = make_replay(m).capture_all(progress=False)
+    ref.prime()
+    m.prime()
+    with torch.inference_mode():
+        x = host_randn(2, CHUNK, DIM, seed=7)
+        with flipped(name):
+            want, _ = ref.step(x, ref.kv.current())
+            got, _ = eng(x, m.kv.current())
+    assert bitwise_equal(want, got)
+    assert eng.stats()["misses"] == {"ambient_state": 1}
+    assert f"{name}: captured " in eng.stats()["miss_details"]["ambient_state"]
+
+
+def test_declared_autocast_fp16_replays_exactly():
+    """Classes captured under autocast(cuda, float16) replay bit-exact under it, and the
+    float32 classes keep serving calls without autocast."""
+    ref, m = Attn(), Attn()
+    eng = make_replay(m, ambient=(Autocast(None), Autocast(torch.float16))).capture_all(
+        progress=False
+    )
+    ref.prime()
+    m.prime()
+    with torch.inference_mode():
+        for i in range(6):
+            x = host_randn(2, CHUNK, DIM, seed=200 + i)
+            ctx = (
+                torch.autocast("cuda", dtype=torch.float16)
+                if i % 2
+                else torch.autocast("cuda", enabled=False)
+            )
+            with ctx:
+                want, h_ref = ref.step(x, ref.kv.current())
+                got, h = eng(x, m.kv.current())
+            assert bitwise_equal(want, got), f"chunk {i} differs"
+            ref.kv.retain(h_ref.float())
+            m.kv.retain(h.float())
+    s = eng.stats()
+    assert s["misses"] == {} and s["hits"] == 6
+    assert {c["ambient"] for c in s["classes"] if c["hits"]} == {"off", "float16"}

@@ -504,7 +504,7 @@ def test_same_signature_and_same_slot_rejected():
             {"cnn": RegionView("slots", index=1), "att": RegionView("carry", 4, index=1)},
         )
     ]
-    with pytest.raises(ValueError, match="same signature and alias the same pointers"):
+    with pytest.raises(ValueError, match="same signature, alias the same pointers"):
         slot_engine(m, classes=dup).capture_all(progress=False)
 
 

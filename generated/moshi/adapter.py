@@ -5,6 +5,7 @@
 import torch
 
 from duplexcadence.runtime import (
+    Autocast,
     Binding,
     adopt_prefix,
     CarryRegion,
