@@ -104,27 +104,27 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
         seen.add((args_code, kwargs_code))
         classes.append({"label": cls.label(), "args": args_code, "kwargs": kwargs_code})
     positions = {id(a): i for i, a in enumerate(positional)}
-    adopt = []
+    aliased = []
     for a in k.args:
         if isinstance(a.type, ir.RegionArg) and a.type.region in k.aliased:
-            adopt.append(
-                {
-                    "region": a.type.region,
-                    # carries adopt with retention; fixed regions keep the leading part
-                    "carry": regions[a.type.region].retention is not None,
-                    # `region r[i]`: a slot is read where the caller put it (no adoption)
-                    "slot": a.type.index,
-                    "container": "kwargs" if a.keyword else "args",
-                    "steps": _arg_steps(a, positions.get(id(a), 0)),
-                    "shown": access_code("kwargs" if a.keyword else "args", a.path),
-                }
+            # carries adopt with retention; fixed regions keep the stock's leading part;
+            # `region r[i]`: a slot is read where the caller put it (no adoption)
+            how = (
+                "slot"
+                if a.type.index is not None
+                else "carry" if regions[a.type.region].retention is not None else "prefix"
+            )
+            container = "kwargs" if a.keyword else "args"
+            aliased.append(
+                f"Aliased({a.type.region!r}, {container!r}, "
+                f"{_arg_steps(a, positions.get(id(a), 0))}, {how!r}),"
+                f"  # {access_code(container, a.path)}"
             )
     return {
         "name": k.name,
         "site": steps_code(k.site, include_root=True),
         "site_shown": k.site.dotted(),
         "per": k.per,
-        "mode": k.mode,
         "replay": analysis.in_scope,
         "reason": analysis.scope_reason,
         "width": analysis.width,
@@ -132,32 +132,21 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
         "effect": EFFECT[k.effects],
         # the autocast states each class is captured under (runtime/ambient.py)
         "ambient": [_autocast_code(v) for a in k.ambient for v in a.values],
-        "aliased": list(k.aliased),
-        "writes": [w for w in k.writes],
-        "write_sites": [
-            {"region": w, "site": steps_code(regions[w].site, include_root=True)}
-            for w in k.writes
-            if regions[w].site is not None
-        ],
-        "adopt": adopt,
+        "aliased": aliased,
+        # write-through regions with a site: pointer-checked on every call
+        "writes": [w for w in k.writes if regions[w].site is not None],
         # stock code rebinds these attributes every call: copy the new value in, put
         # the pinned tensor back (inside a capture, the copy is part of the graph)
         "pins": [w for w in k.writes if regions[w].address == "pinned"],
         "counters": [
-            {
-                "site": steps_code(n.site, include_root=True),
-                "shown": n.site.dotted(),
-                "advances": n.advances,
-                "start": n.start,
-            }
+            f"Counter({steps_code(n.site, include_root=True)}, advances={n.advances}, "
+            f"start={n.start}),  # {n.site.dotted()}"
             for n in k.counters
         ],
         "retains": [
-            {
-                "region": r.region,
-                "steps": steps_code(ir.Path(root="_", steps=r.source.steps), include_root=False),
-                "shown": r.source.dotted(),
-            }
+            f"Retains({r.region!r}, "
+            f"{steps_code(ir.Path(root='_', steps=r.source.steps), include_root=False)}),"
+            f"  # {r.source.dotted()}"
             for r in k.retains
         ],
         "classes": classes,
@@ -196,8 +185,19 @@ def lower(
                 retention = f"Window(width={params[0]})"
             else:
                 retention = f"Ring(capacity={params[0]})"
+        if r.name not in used:
+            install = "declared"
+        elif retention is not None:
+            install = "carry"
+        elif r.address == "pinned":
+            install = "pinned"
+        elif r.allocate == "stock":
+            install = "stock"
+        else:
+            install = "allocate"
         regions.append(
             {
+                "install": install,
                 "name": r.name,
                 "dtype": "bool" if r.dtype == "bool8" else r.dtype,
                 "shape": repr(a.shape),
@@ -236,6 +236,7 @@ def lower(
         for d in sorted(c.determinism, key=lambda d: d.setting)
     ]
     return {
+        "imports": _imports(regions, callables, constants),
         "compiler_version": compiler_version,
         "contract": c.name,
         "target": c.target,
@@ -246,3 +247,28 @@ def lower(
         "callables": callables,
         "constants": constants,
     }
+
+
+def _imports(regions: list[dict], callables: list[dict], constants: list[dict]) -> list[str]:
+    """The runtime names contract.py uses, and no other (generated code imports only
+    what it uses)."""
+    used = {"CallableDecl", "ContractDecl", "Effect", "RegionDecl", "RegionSpec"}
+    text = " ".join(r["retention"] or "" for r in regions)
+    used |= {n for n in ("HeadTail", "Window", "Ring") if n + "(" in text}
+    if constants:
+        used.add("ConstantDecl")
+    for k in callables:
+        if k["replay"] and k["classes"]:
+            used.add("CaptureClass")
+        code = " ".join(f"{c['args']} {c['kwargs']}" for c in k["classes"])
+        used |= {n for n in ("TensorSpec", "RegionView") if n + "(" in code}
+        if k["ambient"]:
+            used.add("Autocast")
+        if k["aliased"]:
+            used.add("Aliased")
+        if k["retains"]:
+            used.add("Retains")
+        if k["counters"]:
+            used.add("Counter")
+    return sorted(used)
+

@@ -20,6 +20,11 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   ambient      the torch settings a replay keys on (autocast, backend flags, modes)
   determinism  apply/restore/pin the contract's determinism settings
   telemetry    the "duplexcadence" logger, format_report
+  declared     ContractDecl and its parts: what generated code declares (data only)
+  lane         Lane: one set of regions, engines, pool, stream and generator
+  binding      Binding: what bind() installed; the eager section
+  binder       bind_contract, Dispatcher (what the model calls)
+  sessions     SessionPool, Session: many exact streams on one binding
 """
 
 from .audit import AuditRecord, bitwise_equal, first_difference
@@ -105,7 +110,26 @@ from .binding import (
     install_region,
     adopt_prefix,
 )  # noqa: E402
+from .binder import Dispatcher, bind_contract  # noqa: E402
+from .declared import (  # noqa: E402
+    Aliased,
+    CallableDecl,
+    ConstantDecl,
+    ContractDecl,
+    Counter,
+    RegionDecl,
+    Retains,
+)
+from .lane import Lane, LaneError  # noqa: E402
 from .pins import pin_at  # noqa: E402
+from .sessions import (  # noqa: E402
+    NoLaneAvailable,
+    Session,
+    SessionBusy,
+    SessionError,
+    SessionPool,
+    SessionRequired,
+)
 from .sites import (
     SiteError,
     get_at,
@@ -117,6 +141,23 @@ from .sites import (
 )  # noqa: E402
 
 __all__ += [
+    "Aliased",
+    "CallableDecl",
+    "ConstantDecl",
+    "ContractDecl",
+    "Counter",
+    "Dispatcher",
+    "Lane",
+    "LaneError",
+    "NoLaneAvailable",
+    "RegionDecl",
+    "Retains",
+    "Session",
+    "SessionBusy",
+    "SessionError",
+    "SessionPool",
+    "SessionRequired",
+    "bind_contract",
     "HostCounter",
     "pin_at",
     "Binding",

@@ -22,7 +22,9 @@ the aliasing hazard the output rule guards against. It can stand in a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -67,20 +69,29 @@ class _CudaCaptured:
 _CAPTURE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 
 
+def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The process's shared warm-up/capture stream of ``device`` (lane 0 replays on it)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _CAPTURE_STREAMS[idx]
+
+
 class CudaGraphBackend:
+    """``stream``: warm up and capture on this stream instead of the shared one. A
+    replay lane (lane.py) gives its own, so its graphs use that stream's cuBLAS
+    workspace and never share one with another lane's graphs."""
+
     name = "cuda_graph"
 
-    def __init__(self) -> None:
-        self._side = _CAPTURE_STREAMS
+    def __init__(self, stream: "torch.cuda.Stream | None" = None) -> None:
+        self._own = stream
 
     def available(self, device: torch.device) -> bool:
         return device.type == "cuda" and torch.cuda.is_available()
 
     def _stream(self, device: torch.device) -> "torch.cuda.Stream":
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        if idx not in self._side:
-            self._side[idx] = torch.cuda.Stream(device=idx)
-        return self._side[idx]
+        return self._own if self._own is not None else capture_stream(device)
 
     def new_pool(self, device: torch.device) -> Any:
         return torch.cuda.graph_pool_handle()
@@ -120,6 +131,76 @@ class CudaGraphBackend:
                 out = fn(*args, **kwargs)
             torch.cuda.synchronize(device)
         return _CudaCaptured(graph, out)
+
+
+# ----------------------------------------------------------- per-lane generators
+def _default_generator(device: torch.device) -> torch.Generator:
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[idx]
+    return torch.default_generator
+
+
+def lane_generator(device: torch.device, first: bool) -> torch.Generator:
+    """The generator a replay lane's graphs and eager calls draw from.
+
+    On CUDA, lane 0 (``first``) uses the default generator's own state object, the
+    one every graph captured outside a lane registers; every other lane gets a
+    *cloned state object* (``clone_state``), which its graphs register at capture
+    (``drawing_from``). A graph reads seed and offset from the state object it
+    registered, so writing a session's state into the lane's object in place
+    (``set_state``) before a replay makes it draw that session's numbers. On the CPU
+    each lane has a plain generator whose state is copied in and out."""
+    if device.type == "cuda":
+        default = _default_generator(device)
+        return default.graphsafe_get_state() if first else default.clone_state()
+    return torch.Generator().set_state(torch.default_generator.get_state())
+
+
+_DRAWING = threading.local()
+
+
+@contextmanager
+def drawing_from(device: torch.device, gen: torch.Generator) -> Iterator[None]:
+    """Make the default generator of ``device`` draw from ``gen`` for the body.
+
+    CUDA: swap the default generator's state *object* (``graphsafe_set_state``), so a
+    capture inside registers ``gen``'s state, and swap back after. CPU: copy the
+    states in and out (CPU generators have no graph-safe state). Nested sections of
+    the same generator in one thread are one section (an inner copy-in would rewind
+    the draws the outer one has made)."""
+    active = getattr(_DRAWING, "gens", None)
+    if active is None:
+        active = _DRAWING.gens = set()
+    if id(gen) in active:
+        yield
+        return
+    active.add(id(gen))
+    try:
+        with _swapped(device, gen):
+            yield
+    finally:
+        active.discard(id(gen))
+
+
+@contextmanager
+def _swapped(device: torch.device, gen: torch.Generator) -> Iterator[None]:
+    default = _default_generator(device)
+    if device.type == "cuda":
+        saved = default.graphsafe_get_state()
+        default.graphsafe_set_state(gen)
+        try:
+            yield
+        finally:
+            default.graphsafe_set_state(saved)
+        return
+    saved_state = default.get_state()
+    default.set_state(gen.get_state())
+    try:
+        yield
+    finally:
+        gen.set_state(default.get_state())
+        default.set_state(saved_state)
 
 
 class _FakeCaptured:

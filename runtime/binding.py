@@ -1,37 +1,93 @@
-"""What `bind()` installed on a model: regions, carries, replays, constants.
+"""What ``bind()`` installed on a model: lanes, regions, replays, constants.
 
-Generated adapters fill one `Binding` and hand it back, so serving code can read
-counters, print a report, or undo the binding. Model-agnostic.
+Contract of this layer. ``bind_contract`` (binder.py) fills one ``Binding`` and hands
+it back, so serving code can read counters, print a report, open sessions or undo
+the binding. It holds the process-scoped pieces every lane shares — the model, the
+stock callables it replaced, the eager section — and the lanes themselves
+(lane.py). ``regions`` and ``replays`` are lane 0's (a plain binding is one stream);
+``stats()`` adds every lane's counters up. Model-agnostic.
+
+The eager section. A lane's graphs touch only the lane's own memory, but eager code
+(a miss, a callable left eager, a capture) reads scratch through the model's sites,
+which all lanes share. Once sessions are served (``sessions()``), eager calls run
+one at a time under ``eager_lock``, drawing from the lane's generator; with more than
+one lane the sites hold a separate eager scratch set, so a lane's graphs never share
+memory with anybody's eager call. A plain binding (no sessions) takes no lock here:
+its callers are serialised one level up (binder.Dispatcher).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
+import torch
+
+from duplexcadence.runtime.backend import drawing_from
 from duplexcadence.runtime.determinism import restore_settings
-from duplexcadence.runtime.sites import Step, format_path, set_at
+from duplexcadence.runtime.regions import Region
+from duplexcadence.runtime.sites import Step, format_path, get_at, set_at
+from duplexcadence.runtime.telemetry import LOGGER
 
 
-@dataclass
 class Binding:
-    contract: str
-    device: Any
-    determinism: dict = field(default_factory=dict)
-    regions: dict[str, Any] = field(default_factory=dict)
-    replays: dict[str, Any] = field(default_factory=dict)
-    eager: dict[str, str] = field(default_factory=dict)  # callable -> why it stays eager
-    declared: dict[str, str] = field(default_factory=dict)  # region -> why nothing was allocated
-    constants: dict[str, str] = field(default_factory=dict)  # host constant -> what was done
-    _undo: list[tuple[Any, tuple[Step, ...], Any]] = field(default_factory=list, repr=False)
+    def __init__(
+        self,
+        contract: str,
+        device: Any,
+        *,
+        determinism: dict | None = None,
+        model: Any = None,
+        decl: Any = None,
+        audit: bool = False,
+        backend: Any = None,
+    ) -> None:
+        self.contract = contract
+        self.device = device
+        self.determinism = dict(determinism or {})
+        self.model = model
+        self.decl = decl
+        self.audit = audit
+        self.backend = backend  # None: CUDA graphs where available
+        self.lanes: list[Any] = []
+        self.stock_callables: dict[str, Any] = {}
+        self.eager: dict[str, str] = {}  # callable -> why it stays eager
+        self.declared: dict[str, str] = {}  # region -> why nothing was allocated
+        self.constants: dict[str, str] = {}  # host constant -> what was done
+        self.eager_lock = threading.RLock()
+        self.plain_lock = threading.RLock()  # callers without a session, one at a time
+        self.pool: Any = None  # the SessionPool, once sessions are served
+        self.site_rebinds = 0
+        self._site_tensors: dict[str, Any] = {}  # region -> the tensor kept at its site
+        self._eager_done: Any = None  # CUDA event: the last eager section's device work
+        self._undo: list[tuple[Any, tuple[Step, ...], Any]] = []
+
+    # lane 0 is what a plain binding is
+    @property
+    def regions(self) -> dict[str, Any]:
+        return self.lanes[0].regions if self.lanes else {}
+
+    @property
+    def replays(self) -> dict[str, Any]:
+        return self.lanes[0].engines if self.lanes else {}
+
+    @property
+    def pooled(self) -> bool:
+        return self.pool is not None
 
     def remember(self, obj: Any, steps: tuple[Step, ...], old: Any) -> None:
         self._undo.append((obj, steps, old))
+
+    def install_region(self, steps: tuple[Step, ...], region: Region) -> None:
+        install_region(self, self.model, steps, region)
 
     def unbind(self) -> None:
         """Put back the stock callables and constants bind() replaced, and the
         determinism settings bind() changed. Regions stay: the stock buffers they
         replaced were released, so rebuild a model to go back to stock."""
+        if self.pool is not None:
+            self.pool.shut_down()
         while self._undo:
             obj, steps, old = self._undo.pop()
             set_at(obj, steps, old)
@@ -39,40 +95,129 @@ class Binding:
         if previous:
             restore_settings(previous)
 
+    # ---------------------------------------------------------------- capture
     def capture(self, *, progress: bool = True) -> "Binding":
-        """Capture every replayed callable's catalog (before traffic).
+        """Capture every lane's catalogs (before traffic).
 
         bind() does this itself unless told `capture=False`, which lets serving code
         bind first (so the state rule sizes every buffer before the prompt is primed)
         and capture once the model is on its device and primed."""
-        for engine in self.replays.values():
-            engine.capture_all(progress=progress)
+        for lane in self.lanes:
+            lane.capture(progress=progress)
         return self
 
+    @contextmanager
+    def capturing(self, lane: Any) -> Iterator[None]:
+        """A lane captures with its own regions at the model's sites (eager warm-up
+        reads scratch there), drawing from its own generator (so its graphs register
+        that state), under the eager lock; the sites are put back after."""
+        with self.eager_lock, drawing_from(self.device, lane.rng):
+            swapped = []
+            if not lane.owns_sites:
+                for r in self.decl.regions.values():
+                    if r.site is not None and r.install == "allocate":
+                        swapped.append((r.site, get_at(self.model, r.site)))
+                        set_at(self.model, r.site, lane.regions[r.name].tensor)
+            try:
+                yield
+            finally:
+                for site, tensor in reversed(swapped):
+                    set_at(self.model, site, tensor)
+
+    # ---------------------------------------------------------- eager section
+    @contextmanager
+    def eager_section(self, lane: Any) -> Iterator[None]:
+        """One eager call at a time, drawing from ``lane``'s generator. On CUDA the lock
+        orders the host, and an event orders the device: this section's stream waits
+        for the last section's work on the shared eager scratch."""
+        if self.pool is None:
+            yield
+            return
+        with self.eager_lock, drawing_from(self.device, lane.rng):
+            cuda = self.device.type == "cuda"
+            if cuda and self._eager_done is not None:
+                torch.cuda.current_stream(self.device).wait_event(self._eager_done)
+            yield
+            self._check_sites()
+            if cuda:
+                done = torch.cuda.Event()
+                done.record(torch.cuda.current_stream(self.device))
+                self._eager_done = done
+
+    def keep_sites(self) -> None:
+        """Record what is at every allocated region's site now: from here on stock code
+        that rebinds one is a contract violation, found after the eager call that did."""
+        self._site_tensors = {
+            r.name: get_at(self.model, r.site)
+            for r in self.decl.regions.values()
+            if r.site is not None and r.install == "allocate"
+        }
+
+    def _check_sites(self) -> None:
+        for name, kept in self._site_tensors.items():
+            now = get_at(self.model, self.decl.regions[name].site)
+            if now is not kept:
+                self.site_rebinds += 1
+                self._site_tensors[name] = now
+                msg = (
+                    f"stock code rebound region {name}'s site "
+                    f"{format_path(self.decl.regions[name].site)}; declared `address stable`"
+                )
+                LOGGER.warning("%s: every lane's classes writing it run eager from now", msg)
+                for lane in self.lanes:
+                    for engine in lane.engines.values():
+                        if name in engine.write_through:
+                            engine.drop_all(msg)
+
+    # -------------------------------------------------------------- sessions
+    def sessions(self, lanes: int = 1, **kwargs: Any) -> Any:
+        """Serve many sessions on this binding: a ``SessionPool`` with ``lanes``
+        concurrent replay lanes (sessions.py). Once per binding."""
+        from duplexcadence.runtime.sessions import SessionPool
+
+        SessionPool.check_args(lanes, kwargs.get("timeout_s", 60.0))
+        if self.pool is not None:
+            raise RuntimeError(f"binding of {self.contract} already serves a session pool")
+        return SessionPool(self, lanes=lanes, **kwargs)
+
+    # ------------------------------------------------------------- telemetry
     def stats(self) -> dict:
+        from duplexcadence.runtime.telemetry import merge_lane_stats
+
+        per_lane = [{n: e.stats() for n, e in lane.engines.items()} for lane in self.lanes]
         return {
             "contract": self.contract,
             "device": str(self.device),
             "determinism": self.determinism,
-            "callables": {name: r.stats() for name, r in self.replays.items()},
+            "callables": {
+                name: merge_lane_stats([lane[name] for lane in per_lane])
+                for name in (per_lane[0] if per_lane else {})
+            },
+            "lanes": len(self.lanes),
             "eager": dict(self.eager),
             "declared": dict(self.declared),
             "regions": {name: _region_stats(r) for name, r in self.regions.items()},
             "constants": dict(self.constants),
+            "site_rebinds": self.site_rebinds,
+            "sessions": None if self.pool is None else self.pool.stats(),
         }
 
     def report(self, width: int = 120) -> str:
         """Regions, replays (hits, misses by reason, capture cost) and constants as text."""
         from duplexcadence.runtime.telemetry import format_report
 
-        lines = [f"duplexcadence binding of contract {self.contract} on {self.device}"]
-        lines.append(format_report([*self.replays.values(), *self.regions.values()], width=width))
+        lanes = f", {len(self.lanes)} lanes" if len(self.lanes) > 1 else ""
+        lines = [f"duplexcadence binding of contract {self.contract} on {self.device}{lanes}"]
+        merged = self.stats()["callables"]
+        lines.append(format_report([*merged.values(), *self.regions.values()], width=width))
         for name, why in self.eager.items():
             lines.append(f"  callable {name}: eager ({why})")
         for name, what in self.constants.items():
             lines.append(f"  constant {name}: {what}")
         for name, why in self.declared.items():
             lines.append(f"  region {name}: {why}")
+        if self.pool is not None:
+            lines.append(self.pool.report())
         return "\n".join(lines)
 
 

@@ -126,6 +126,21 @@ class Region:
         """Zero in place (turn boundary): the address does not change."""
         self.tensor.zero_()
 
+    def same_view(self, t: torch.Tensor) -> torch.Tensor:
+        """This region's view with ``t``'s geometry (``t`` views a storage laid out like
+        this region's, e.g. a session's copy of it)."""
+        return self.tensor.as_strided(t.shape, t.stride(), t.storage_offset())
+
+    def load(self, t: torch.Tensor, host_state: tuple | None) -> torch.Tensor:
+        """Copy ``t`` (a view of another storage laid out like this region) into the
+        same place here, take its host state (a carry's live length), return the view.
+        This is how a session's state enters a lane (sessions.py)."""
+        view = self.same_view(t)
+        view.copy_(t)
+        if host_state is not None:
+            self._set_host_state(host_state)
+        return view
+
     # Host-side bookkeeping beside the bytes (a carry's live length, say), so a
     # transparent capture can rewind it together with the contents.
     def _host_state(self) -> tuple:

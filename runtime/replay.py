@@ -420,6 +420,18 @@ class ExactShapeReplay:
                 raise ReplayMiss(self.name, reason, text)
         return self.fn(*args, **kwargs)
 
+    def drop_all(self, message: str) -> None:
+        """Take every captured class out of replay (a write-through site was rebound
+        by stock code: binding.py); later calls run eager with reason ``invalidated``."""
+        for sig in list(self._groups):
+            self._dispatch.drop(sig, R.INVALIDATED)
+        for e in self._entries:
+            if e.status == "captured":
+                e.status, e.detail = "invalidated", message
+                e.captured = e.plan = None
+                self.invalidations += 1
+        self.invalidation_log.append(message)
+
     def _invalidate(self, sig: tuple, wname: str, was: tuple, now: tuple) -> None:
         """Drop every captured class of ``sig``: they all wrote through the moved buffer."""
         group = [

@@ -22,6 +22,33 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / _MIB:.2f}"
 
 
+def merge_lane_stats(per_lane: list[dict]) -> dict:
+    """One callable's ``stats()`` over every lane it has: counters and costs added up,
+    misses merged, the class list of lane 0 with every lane's hits."""
+    if len(per_lane) == 1:
+        return per_lane[0]
+    out = dict(per_lane[0])
+    for key in ("hits", "eager_calls", "invalidations", "warmup_s", "capture_s", "staging_bytes"):
+        out[key] = sum(s[key] for s in per_lane)
+    for key in ("capture_allocated_bytes", "capture_reserved_bytes"):
+        vals = [s[key] for s in per_lane if s[key] is not None]
+        out[key] = sum(vals) if vals else None
+    misses: dict[str, int] = {}
+    details: dict[str, str] = {}
+    for s in per_lane:
+        for reason, n in s["misses"].items():
+            misses[reason] = misses.get(reason, 0) + n
+        for reason, text in s["miss_details"].items():
+            details.setdefault(reason, text)
+    out["misses"], out["miss_details"] = misses, details
+    out["classes"] = [
+        dict(c, hits=sum(s["classes"][i]["hits"] for s in per_lane))
+        for i, c in enumerate(per_lane[0]["classes"])
+    ]
+    out["lanes"] = len(per_lane)
+    return out
+
+
 def format_report(items: Iterable[object], width: int = 120) -> str:
     """Render replays and regions (anything with ``.stats()``) as text tables."""
     from rich import box

@@ -1,0 +1,111 @@
+"""``bind_contract``: install a generated contract declaration on a model.
+
+Contract of this layer. Given a model object and the ``ContractDecl`` clockc wrote
+(declared.py), ``bind_contract`` checks every binding site first (a wrong model fails
+with one error and is left untouched), pins the contract's determinism settings,
+builds lane 0 (its regions installed at their sites, carries adopting the live
+stock state, one replay engine per capturable callable), moves host constants to the
+device, and puts a ``Dispatcher`` at every callable's site. On CUDA it captures
+every catalog before traffic unless told ``capture=False``.
+
+A ``Dispatcher`` is what the model's code calls instead of the stock callable. Inside
+a session's ``run`` it calls the session's lane (sessions.py). Without a session it
+calls lane 0, one caller at a time (``Binding.plain_lock``: a binding is one stream,
+and any number of threads may use it without crashing or hanging); once the binding
+serves a session pool, a call outside every session is refused with a clear error,
+since its state would collide with the sessions'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .binding import Binding, infer_device
+from .declared import ContractDecl
+from .determinism import apply_settings
+from .lane import Lane
+from .sessions import SessionRequired, current_run
+from .sites import get_at, require_sites, set_at
+
+
+class Dispatcher:
+    """The callable bind() installs at a hot callable's site."""
+
+    def __init__(self, binding: Binding, name: str) -> None:
+        self.binding = binding
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run = current_run()
+        if run is not None and run.binding is self.binding:
+            return run.lane.call(self.name, args, kwargs, run.session)
+        b = self.binding
+        if b.pool is not None:
+            raise SessionRequired(
+                f"{b.contract}.{self.name} was called outside every session, but this "
+                "binding serves a session pool: call it inside session.run(...)"
+            )
+        with b.plain_lock:
+            return b.lanes[0].call(self.name, args, kwargs, None)
+
+    def __repr__(self) -> str:
+        return f"<duplexcadence replay of {self.binding.contract}.{self.name}>"
+
+
+def bind_contract(
+    model: Any,
+    decl: ContractDecl,
+    *,
+    device: Any = None,
+    audit: bool = False,
+    capture: bool = True,
+    progress: bool = True,
+    backend: Any = None,
+) -> Binding:
+    """Install ``decl`` on ``model`` and return the Binding (see module docstring).
+
+    ``backend``: a graph backend for every lane (tests pass ``FakeGraphBackend`` to
+    run admission and replay on the CPU); default CUDA graphs where available."""
+    require_sites(model, decl.sites_to_check())
+    device = torch.device(device) if device is not None else infer_device(model)
+    binding = Binding(
+        decl.name,
+        device,
+        determinism=apply_settings(decl.determinism),
+        model=model,
+        decl=decl,
+        audit=audit,
+        backend=backend,
+    )
+    for r in decl.regions.values():
+        if r.install == "declared":
+            binding.declared[r.name] = "declared only: no site and no callable uses it"
+    binding.stock_callables = {k.name: get_at(model, k.site) for k in decl.callables}
+    binding.lanes.append(Lane(binding, 0, owns_sites=True))
+    for c in decl.constants:
+        binding.constants[c.name] = _install_constant(binding, c)
+    for k in decl.callables:
+        if not k.replay:
+            binding.eager[k.name] = k.eager_reason
+        binding.remember(model, k.site, binding.stock_callables[k.name])
+        set_at(model, k.site, Dispatcher(binding, k.name))
+    if capture and device.type == "cuda":
+        binding.capture(progress=progress)
+    return binding
+
+
+def _install_constant(binding: Binding, c: Any) -> str:
+    if c.install == "hoisted":
+        # rebuilt on the host inside a callable: the engine serves it from a device
+        # buffer keyed by its exact bytes while it warms up and captures (hoist.py)
+        return "hoisted at capture"
+    if c.install == "left_eager" or c.site is None:
+        return "left eager"
+    stock = get_at(binding.model, c.site)
+    if not isinstance(stock, torch.Tensor):
+        return "site is not a tensor: left as is"
+    binding.remember(binding.model, c.site, stock)
+    set_at(binding.model, c.site, stock.to(binding.device))
+    return "device buffer"

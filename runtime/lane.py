@@ -1,0 +1,239 @@
+"""A replay lane: one complete set of a contract's device state and captured graphs.
+
+Contract of this layer. A lane owns its regions (carries, write-through scratch),
+one ``ExactShapeReplay`` per replayed callable with its own captured catalog, one
+graph pool, one stream (so its graphs use that stream's cuBLAS workspace) and one
+device generator state. Two lanes share nothing a graph touches, so their replays
+may run at the same time on their own streams; DESIGN §6c measured what happens
+otherwise (graphs sharing a pool, a cuBLAS workspace or a generator state crashed
+and hung when replayed concurrently).
+
+Lane 0 is what ``bind()`` builds: it *owns the model's sites* (its allocated regions
+are installed there, its carries adopt the live stock state), so a binding without
+sessions behaves exactly as one stream always did. Every other lane is private:
+its regions are at no model site. Eager code reads scratch through the model's
+sites, so an eager call (a miss, a callable left eager, a capture) runs inside the
+binding's eager section (``Binding.eager_section``: one lock, the lane's generator),
+and a lane captures with its own regions put at the sites for the duration.
+
+``Lane.call`` is what the generated wrapper used to do per call: bring every
+aliased argument to the lane's own address (a session's stored state is loaded in
+place, sessions.py; a tensor from outside is adopted), then run the engine — or the
+eager body — under inference mode.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from .backend import CudaGraphBackend, FakeGraphBackend, GraphBackend, lane_generator
+from .carry import CarryRegion
+from .counters import HostCounter
+from .declared import Aliased, CallableDecl
+from .pins import pin_at
+from .regions import Region
+from .replay import ExactShapeReplay
+from .sites import get_at, has_site, replace_at, set_at, update_at
+from .trees import map_tensors
+
+if TYPE_CHECKING:
+    from .binding import Binding
+
+
+class LaneError(RuntimeError):
+    """A contract's state cannot be given to a second lane (stock or pinned regions,
+    host counters at a shared site): such a binding serves sessions on one lane."""
+
+
+class Lane:
+    def __init__(self, binding: "Binding", index: int, *, owns_sites: bool) -> None:
+        self.binding = binding
+        self.index = index
+        self.owns_sites = owns_sites
+        device = binding.device
+        self.backend: GraphBackend
+        if isinstance(binding.backend, FakeGraphBackend):
+            self.backend = binding.backend
+            self.stream = None
+        elif device.type == "cuda" and torch.cuda.is_available():
+            # lane 0 keeps the process's shared capture stream (one cuBLAS workspace
+            # for a plain binding, as before); every other lane gets its own
+            self.stream = None if index == 0 else torch.cuda.Stream(device=device)
+            self.backend = CudaGraphBackend(stream=self.stream)
+        else:
+            self.backend = CudaGraphBackend()
+            self.stream = None
+        self.rng = lane_generator(device, first=(index == 0))
+        self.pool: Any = None  # one graph pool per lane, made at its first capture
+        self.regions: dict[str, Region] = {}
+        self.engines: dict[str, ExactShapeReplay] = {}
+        self.bodies: dict[str, Callable] = {}
+        self._callables = {k.name: k for k in binding.decl.callables}
+        self._make_regions()
+        for k in binding.decl.callables:
+            self._make_callable(k)
+
+    # ------------------------------------------------------------------ build
+    def _make_regions(self) -> None:
+        b, model, device = self.binding, self.binding.model, self.binding.device
+        for r in b.decl.regions.values():
+            if r.install == "declared":
+                continue
+            if r.install == "carry":
+                carry = CarryRegion(r.spec, r.retention, device, audit=b.audit)  # type: ignore[arg-type]
+                if self.owns_sites and r.site is not None and has_site(model, r.site):
+                    update_at(model, r.site, carry.adopt)
+                self.regions[r.name] = carry
+            elif r.install in ("stock", "pinned"):
+                if not self.owns_sites:
+                    raise LaneError(
+                        f"region {r.name} is the stock tensor at its site ({r.install}): "
+                        "a second lane cannot have its own; serve sessions on one lane"
+                    )
+                self.regions[r.name] = Region(r.spec, get_at(model, r.site))  # type: ignore[arg-type]
+            else:
+                region = Region.allocate(r.spec, device)
+                if self.owns_sites and r.site is not None:
+                    b.install_region(r.site, region)
+                self.regions[r.name] = region
+
+    def _make_callable(self, k: CallableDecl) -> None:
+        if k.counters and not self.owns_sites:
+            raise LaneError(
+                f"callable {k.name} keeps host counters at model sites: a second lane "
+                "would share them; serve sessions on one lane"
+            )
+        body = self._eager_body(k)
+        self.bodies[k.name] = body
+        if not k.replay:
+            return
+        b = self.binding
+        self.engines[k.name] = ExactShapeReplay(
+            body,
+            name=k.name,
+            classes=list(k.classes),
+            regions=self.regions,
+            write_through={
+                w: (lambda w=w: self.write_through_tensor(w))
+                for w in k.writes
+                if b.decl.regions[w].site is not None
+            },
+            declared_effect=k.effect,
+            device=b.device,
+            backend=self.backend,
+            counters=[
+                HostCounter(
+                    _dotted(c.site),
+                    read=lambda site=c.site: get_at(b.model, site),
+                    write=lambda value, site=c.site: set_at(b.model, site, value),
+                    advances=c.advances,
+                    start=c.start,
+                )
+                for c in k.counters
+            ],
+            ambient=k.ambient,
+        )
+
+    def _eager_body(self, k: CallableDecl) -> Callable:
+        """The stock callable plus what the contract adds around it (writeback of
+        retained carries, pinned copies), inside the binding's eager section."""
+        b = self.binding
+        stock = b.stock_callables[k.name]
+        retains = [(self.regions[r.region], r.steps) for r in k.retains]
+        pins = [(b.decl.regions[w].site, self.regions[w]) for w in k.pins]
+
+        def body(*args: Any, **kwargs: Any) -> Any:
+            with b.eager_section(self):
+                result = stock(*args, **kwargs)
+                for carry, steps in retains:
+                    result = replace_at(result, steps, carry.retain(get_at(result, steps)))
+                for site, region in pins:
+                    pin_at(b.model, site, region)
+                return self._off_eager_scratch(result)
+
+        return body
+
+    def _off_eager_scratch(self, result: Any) -> Any:
+        """With several lanes the model's sites hold the eager scratch, which the next
+        eager call of any lane overwrites: a result that views it (a stock call
+        returning its new cache as a view of a site buffer) is moved into this lane's
+        region of the same name and layout before the eager section ends."""
+        pool = self.binding.pool
+        if pool is None or not pool.eager_scratch:
+            return result
+        scratch = {r.storage_ptr(): name for name, r in pool.eager_scratch.items()}
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            name = scratch.get(t.untyped_storage().data_ptr()) if t.numel() else None
+            if name is None:
+                return t
+            dst = self.regions[name].same_view(t)
+            dst.copy_(t)
+            return dst
+
+        return map_tensors(result, move)
+
+    def write_through_tensor(self, name: str) -> torch.Tensor:
+        """What admission pointer-checks for a write-through region: the tensor at the
+        model's site while this lane owns the sites (stock code could rebind it),
+        otherwise the lane's own region (nothing else can reach it)."""
+        if self.owns_sites:
+            return get_at(self.binding.model, self.binding.decl.regions[name].site)  # type: ignore[arg-type]
+        return self.regions[name].tensor
+
+    # ---------------------------------------------------------------- capture
+    def capture(self, progress: bool = True) -> None:
+        if self.pool is None and self.engines:
+            self.pool = self.backend.new_pool(self.binding.device) if self._can_capture() else None
+        with self.binding.capturing(self):
+            for engine in self.engines.values():
+                engine.pool = self.pool
+                engine.capture_all(progress=progress)
+
+    def _can_capture(self) -> bool:
+        return self.backend.available(self.binding.device)
+
+    # ------------------------------------------------------------------ calls
+    def call(self, name: str, args: tuple, kwargs: dict, session: Any) -> Any:
+        k = self._callables[name]
+        args_list = list(args)
+        for a in k.aliased:
+            container = args_list if a.container == "args" else kwargs
+            update_at(container, a.steps, lambda t, a=a: self._adopt(a, t, session))
+        fn = self.engines.get(name) or self.bodies[name]
+        # hot callables are inference-only: a replay carries no autograd history
+        with torch.inference_mode():
+            return fn(*args_list, **kwargs)
+
+    def _adopt(self, a: Aliased, t: Any, session: Any) -> Any:
+        region = self.regions[a.region]
+        if a.how == "slot" or not isinstance(t, torch.Tensor):
+            return t  # a slot is read where the caller put it: admission pins its pointer
+        if session is not None:
+            loaded = session.load_into(a.region, region, t)
+            if loaded is not None:
+                return loaded
+        if a.how == "carry":
+            return region.adopt(t)  # type: ignore[attr-defined]
+        return _adopt_prefix(region, t)
+
+    # -------------------------------------------------------------- telemetry
+    def storages(self) -> dict[int, tuple["Lane", str]]:
+        return {r.storage_ptr(): (self, n) for n, r in self.regions.items() if r.nbytes > 0}
+
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.regions.values())
+
+
+def _dotted(steps: tuple) -> str:
+    from .sites import format_path
+
+    return format_path(steps)
+
+
+def _adopt_prefix(region: Region, tensor: torch.Tensor) -> torch.Tensor:
+    from .binding import adopt_prefix
+
+    return adopt_prefix(region, tensor)

@@ -1,0 +1,571 @@
+"""Sessions: many exact streams on one binding, served by K replay lanes.
+
+Contract of this layer. One process holds the weights and one binding; a
+``SessionPool`` (``binding.sessions(lanes=K)``) serves any number of sessions on K
+lanes (lane.py). A ``Session`` owns only what the contract says lives per session or
+per turn (region ``lifetime`` ``session`` or ``turn``): its copy of those regions,
+the carries' host state (live length), its device generator state, and — given by
+the workload — its own view of the model (``obj``: e.g. a shallow copy of the vendor
+object whose per-session attributes the vendor's own per-session call reads and
+writes). Scratch (``operator``/``chunk``/``unit`` regions, the captured graphs, their
+pools and streams) belongs to lanes; weights and constants to the process.
+
+``session.run(fn, *args)`` runs one step of the session — typically the vendor's own
+per-chunk call on ``obj`` — on a free lane, from the calling thread:
+  1. wait for a lane (FIFO; ``NoLaneAvailable`` after ``timeout_s``);
+  2. on the lane's stream, with the session's generator state in the lane's
+     generator (graphs registered that state object at capture, so a replay draws
+     the session's numbers; eager calls draw from it inside the eager section);
+  3. every bound callable called by ``fn`` finds this run (a context variable) and
+     uses the lane: an aliased argument that is the session's stored state is
+     loaded into the lane's region in place (``Region.load``), anything else is
+     adopted as a plain binding would;
+  4. afterwards every tensor the session's state attributes hold in lane memory is
+     taken back: per-session regions are copied into the session's own copy (same
+     layout, so the next run loads it wherever it runs), scratch is cloned; the
+     lane's stream is synchronised and the lane released.
+So a session's bytes do not depend on which lane ran it or on who ran before: each
+session's output equals the same session run alone on stock code (tests and
+``bench/``). A session's steps are sequential (a second concurrent ``run`` of one
+session is refused: ``SessionBusy``); different sessions run concurrently on
+different lanes, any number of caller threads.
+
+Turns. ``mark_turn_start(key)`` keeps the session's state (its state attributes,
+per-session regions included) as the state a turn starts from — under ``key`` it is
+shared, read-only, by every session opened with that key (the same voice prompt
+primes to the same bytes), so opening such a session costs a copy, not a priming.
+``reset()`` starts a new turn: the state is restored in place at the next ``run``.
+
+Device randomness outside the bound callables is per session only with one lane
+(the whole run draws from the session's state); with several lanes such draws come
+from the process's generator, so a contract whose stock step draws outside its
+bound callables should be served on one lane.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import queue
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .backend import _default_generator, capture_stream, drawing_from
+from .regions import Region
+from .trees import map_tensors
+
+
+class SessionRequired(RuntimeError):
+    """A bound callable was called outside every session of a pooled binding."""
+
+
+class SessionError(RuntimeError):
+    """A session was used wrongly (closed, or run twice at once)."""
+
+
+class SessionBusy(SessionError):
+    pass
+
+
+class NoLaneAvailable(TimeoutError):
+    """No lane became free within the pool's timeout."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    binding: Any
+    session: "Session"
+    lane: Any
+
+
+_CURRENT: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
+    "duplexcadence_run", default=None
+)
+
+
+def current_run() -> _Run | None:
+    return _CURRENT.get()
+
+
+@dataclass
+class _TurnStart:
+    """The state a turn starts from: cloned state attributes and carry host states.
+    Tensor leaves that were a per-session region are tagged with its name, so a
+    restore writes them into the restoring session's own copy of that region."""
+
+    trees: dict[str, Any]
+    tags: dict[int, str]  # id(cloned leaf) -> region name
+    host_state: dict[str, tuple]
+    nbytes: int
+
+
+class SessionPool:
+    def __init__(
+        self,
+        binding: Any,
+        lanes: int = 1,
+        *,
+        timeout_s: float = 60.0,
+        capture: bool = True,
+        progress: bool = True,
+    ) -> None:
+        self.check_args(lanes, timeout_s)
+        self.binding = binding
+        self.timeout_s = float(timeout_s)
+        self.device = binding.device
+        self.eager_scratch: dict[str, Region] = {}
+        self.lane_capture: list[dict] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.sessions: dict[int, Session] = {}
+        self._turn_starts: dict[Any, _TurnStart] = {}
+        self.counters = {"runs": 0, "lane_wait_s": 0.0, "copied_out_bytes": 0, "opened": 0}
+        self.closed_sessions = 0
+        self._shut = False
+        if capture and self.device.type == "cuda":
+            binding.lanes[0].capture(progress=progress)
+        if lanes > 1:
+            self._add_lanes(lanes, capture=capture, progress=progress)
+        binding.pool = self
+        binding.keep_sites()
+        self.lanes = list(binding.lanes[:lanes])
+        for lane in self.lanes:
+            if lane.stream is None and self.device.type == "cuda" and torch.cuda.is_available():
+                lane.stream = capture_stream(self.device)  # lane 0 replays where it captured
+        self._free: queue.Queue = queue.Queue()
+        for lane in self.lanes:
+            self._free.put(lane)
+        self._storage_of = self._lane_storages()
+
+    @staticmethod
+    def check_args(lanes: Any, timeout_s: Any = 60.0) -> None:
+        if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+            raise ValueError(f"lanes must be a positive int, got {lanes!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+
+    # ------------------------------------------------------------------ lanes
+    def _add_lanes(self, k: int, *, capture: bool, progress: bool) -> None:
+        """Lanes 1..k-1, and a separate eager scratch set at the model's sites so that
+        no lane's graphs share memory with an eager call."""
+        from .lane import Lane
+
+        b = self.binding
+        with b.eager_lock:
+            for r in b.decl.regions.values():
+                if r.site is not None and r.install == "allocate":
+                    scratch = Region.allocate(r.spec, self.device)
+                    b.install_region(r.site, scratch)
+                    self.eager_scratch[r.name] = scratch
+            b.lanes[0].owns_sites = False
+            for i in range(1, k):
+                a0 = _allocated(self.device)
+                t0 = time.perf_counter()
+                lane = Lane(b, i, owns_sites=False)
+                b.lanes.append(lane)
+                if capture:
+                    lane.capture(progress=progress)
+                self.lane_capture.append(
+                    {
+                        "lane": i,
+                        "seconds": time.perf_counter() - t0,
+                        "regions_mib": lane.nbytes() / 2**20,
+                        "allocated_mib": (
+                            None if a0 is None else (_allocated(self.device) - a0) / 2**20
+                        ),
+                    }
+                )
+
+    def _lane_storages(self) -> dict[int, tuple[Any, str]]:
+        out: dict[int, tuple[Any, str]] = {}
+        for lane in self.binding.lanes:
+            out.update(lane.storages())
+        for name, r in self.eager_scratch.items():
+            out[r.storage_ptr()] = (None, name)
+        return out
+
+    def _acquire(self) -> Any:
+        t0 = time.perf_counter()
+        try:
+            lane = self._free.get(timeout=self.timeout_s)
+        except queue.Empty:
+            raise NoLaneAvailable(
+                f"no lane of {len(self.lanes)} became free within {self.timeout_s:.1f} s"
+            ) from None
+        with self._lock:
+            self.counters["lane_wait_s"] += time.perf_counter() - t0
+        return lane
+
+    def _release(self, lane: Any) -> None:
+        self._free.put(lane)
+
+    # --------------------------------------------------------------- sessions
+    def open(
+        self,
+        obj: Any = None,
+        *,
+        seed: int | None = None,
+        state: tuple[str, ...] = (),
+        turn_key: Any = None,
+        name: str | None = None,
+    ) -> "Session":
+        """A new session. ``obj``: the session's own view of the model (the vendor's
+        per-session call runs on it); ``state``: its attributes that hold per-session
+        state besides the contract's region sites; ``seed``: its device generator seed
+        (default: the process generator's state now); ``turn_key``: start from the
+        turn-start state kept under this key, if any (``mark_turn_start``)."""
+        if self._shut:
+            raise SessionError("the session pool was shut down")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        for attr in state:
+            if not isinstance(attr, str) or not attr.isidentifier() or attr.startswith("_"):
+                raise ValueError(f"state attribute {attr!r} is not a public attribute name")
+        with self._lock:
+            sid = next(self._ids)
+            self.counters["opened"] += 1
+        s = Session(self, sid, obj, seed, tuple(dict.fromkeys(self._site_roots() + state)), name)
+        if turn_key is not None:
+            s.turn_key = turn_key
+            if turn_key in self._turn_starts:
+                s._pending_reset = True
+        with self._lock:
+            self.sessions[sid] = s
+        return s
+
+    def has_turn_start(self, key: Any) -> bool:
+        return key in self._turn_starts
+
+    def _site_roots(self) -> tuple[str, ...]:
+        """Attributes of a session's object where the contract's per-session regions
+        live (the first step of their sites)."""
+        roots = []
+        for r in self.binding.decl.regions.values():
+            if r.per_session and r.site is not None and r.site[0][0] == "attr":
+                roots.append(r.site[0][1])
+        return tuple(dict.fromkeys(roots))
+
+    def _forget(self, s: "Session") -> None:
+        with self._lock:
+            if self.sessions.pop(s.id, None) is not None:
+                self.closed_sessions += 1
+
+    def shut_down(self) -> None:
+        self._shut = True
+        for s in list(self.sessions.values()):
+            s.close()
+
+    # -------------------------------------------------------------- telemetry
+    def stats(self) -> dict:
+        with self._lock:
+            open_ = list(self.sessions.values())
+            return {
+                "lanes": len(self.lanes),
+                "open": len(open_),
+                "closed": self.closed_sessions,
+                **self.counters,
+                "session_bytes": sum(s.nbytes() for s in open_),
+                "turn_starts": len(self._turn_starts),
+                "turn_start_bytes": sum(t.nbytes for t in self._turn_starts.values()),
+                "eager_scratch_bytes": sum(r.nbytes for r in self.eager_scratch.values()),
+                "lane_capture": list(self.lane_capture),
+            }
+
+    def report(self) -> str:
+        s = self.stats()
+        lines = [
+            f"  sessions: {s['open']} open, {s['closed']} closed on {s['lanes']} lane(s); "
+            f"{s['runs']} runs, lane wait {s['lane_wait_s']:.3f} s, "
+            f"{s['session_bytes'] / 2**20:.1f} MiB of session state, "
+            f"{s['turn_starts']} turn start(s) kept ({s['turn_start_bytes'] / 2**20:.1f} MiB)"
+        ]
+        for c in s["lane_capture"]:
+            alloc = "-" if c["allocated_mib"] is None else f"{c['allocated_mib']:.1f}"
+            lines.append(
+                f"  lane {c['lane']}: built and captured in {c['seconds']:.2f} s, "
+                f"regions {c['regions_mib']:.1f} MiB, allocated {alloc} MiB"
+            )
+        return "\n".join(lines)
+
+
+class Session:
+    def __init__(
+        self,
+        pool: SessionPool,
+        sid: int,
+        obj: Any,
+        seed: int | None,
+        state: tuple[str, ...],
+        name: str | None,
+    ) -> None:
+        self.pool = pool
+        self.id = sid
+        self.name = name or f"session-{sid}"
+        self.obj = obj
+        self.state = state if obj is not None else ()
+        self.storage: dict[str, Region] = {}
+        self.host_state: dict[str, tuple] = {}
+        self.rng_state = _initial_rng(pool.device, seed)
+        self.turn_key: Any = None
+        self.runs = 0
+        self.closed = False
+        self._busy = threading.Lock()
+        self._pending_reset = False
+        self._turn_start: _TurnStart | None = None
+
+    # ------------------------------------------------------------------- run
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as this session's next step (module docstring)."""
+        if not callable(fn):
+            raise TypeError(f"run() needs a callable, got {type(fn).__name__}")
+        if self.closed:
+            raise SessionError(f"{self.name} is closed")
+        if not self._busy.acquire(blocking=False):
+            raise SessionBusy(
+                f"{self.name} is already running a step: a session's steps are sequential"
+            )
+        try:
+            lane = self.pool._acquire()
+            try:
+                return self._run_on(lane, fn, args, kwargs)
+            finally:
+                self.pool._release(lane)
+        finally:
+            self._busy.release()
+
+    def prime(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Like ``run``, for a step that runs model code outside the bound callables
+        which reads the model's shared scratch through its sites — priming a prompt
+        with the stock set-up, say: it runs in the eager section, with the model's
+        sites to itself, and its state is taken back before the section ends."""
+        return self.run(_Exclusive(fn), *args, **kwargs)
+
+    def _run_on(self, lane: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        pool = self.pool
+        token = _CURRENT.set(_Run(pool.binding, self, lane))
+        exclusive = isinstance(fn, _Exclusive)
+        try:
+            with (
+                _on_stream(lane),
+                self._rng_on(lane),
+                pool.binding.eager_section(lane) if exclusive else nullcontext(),
+            ):
+                if self._pending_reset:
+                    self._restore_turn_start()
+                self._record_streams(lane)
+                result = (fn.fn if exclusive else fn)(*args, **kwargs)
+                copied = self._take_back()
+            if lane.stream is not None:
+                lane.stream.synchronize()
+        finally:
+            _CURRENT.reset(token)
+        self.runs += 1
+        with pool._lock:
+            pool.counters["runs"] += 1
+            pool.counters["copied_out_bytes"] += copied
+        return result
+
+    @contextmanager
+    def _rng_on(self, lane: Any) -> Iterator[None]:
+        lane.rng.set_state(self.rng_state)
+        # one lane: the whole step draws from the session's state (no other step runs);
+        # several: only the bound callables do (graphs by registration, eager calls in
+        # the eager section)
+        whole = (
+            drawing_from(self.pool.device, lane.rng) if len(self.pool.lanes) == 1 else nullcontext()
+        )
+        try:
+            with whole:
+                yield
+        finally:
+            self.rng_state = lane.rng.get_state()
+
+    # -------------------------------------------------------- state movement
+    def load_into(self, region_name: str, lane_region: Region, t: torch.Tensor) -> Any:
+        """Lane.call: if ``t`` is this session's stored copy of ``region_name``, load it
+        into the lane's region in place and return the lane's view; else None."""
+        mine = self.storage.get(region_name)
+        if mine is None or t.untyped_storage().data_ptr() != mine.storage_ptr():
+            return None
+        return lane_region.load(t, self.host_state.get(region_name))
+
+    def _storage(self, region_name: str) -> Region:
+        r = self.storage.get(region_name)
+        if r is None:
+            spec = self.pool.binding.decl.regions[region_name].spec
+            r = self.storage[region_name] = Region.allocate(spec, self.pool.device)
+        return r
+
+    def _take_back(self) -> int:
+        """Every tensor of the state attributes that lives in lane memory moves to the
+        session: a per-session region into the session's copy (same layout), scratch
+        into a clone. Returns the bytes copied."""
+        if self.obj is None:
+            return 0
+        where = self.pool._storage_of
+        regions = self.pool.binding.decl.regions
+        copied = 0
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            nonlocal copied
+            hit = where.get(t.untyped_storage().data_ptr()) if t.numel() else None
+            if hit is None:
+                return t
+            lane, name = hit
+            copied += t.numel() * t.element_size()
+            if regions[name].per_session:
+                dst = self._storage(name).same_view(t)
+                dst.copy_(t)
+                if lane is not None and name in lane.regions:
+                    self.host_state[name] = lane.regions[name]._host_state()
+                return dst
+            return t.clone()
+
+        for attr in self.state:
+            if hasattr(self.obj, attr):
+                setattr(self.obj, attr, map_tensors(getattr(self.obj, attr), take))
+        return copied
+
+    def _record_streams(self, lane: Any) -> None:
+        """Tensors the session keeps were made on other lanes' streams: tell the
+        allocator this lane uses them too, so a free during this step is not reused
+        by another stream before this lane's work on it is done."""
+        if lane.stream is None or self.obj is None:
+            return
+
+        def mark(t: torch.Tensor) -> torch.Tensor:
+            if t.is_cuda:
+                t.record_stream(lane.stream)
+            return t
+
+        for attr in self.state:
+            if hasattr(self.obj, attr):
+                map_tensors(getattr(self.obj, attr), mark)
+
+    # ----------------------------------------------------------------- turns
+    def mark_turn_start(self, key: Any = None) -> None:
+        """Keep the session's current state as the state its turns start from (under
+        ``key``: shared by every session opened with that key; first one wins)."""
+        if self.obj is None:
+            raise SessionError(f"{self.name} has no state attributes to keep")
+        key = key if key is not None else self.turn_key
+        if key is not None and key in self.pool._turn_starts:
+            self._turn_start = self.pool._turn_starts[key]
+            self.turn_key = key
+            return
+        tags: dict[int, str] = {}
+        nbytes = 0
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            nonlocal nbytes
+            c = t.clone()
+            nbytes += c.numel() * c.element_size()
+            for name, r in self.storage.items():
+                if t.numel() and t.untyped_storage().data_ptr() == r.storage_ptr():
+                    # keep the region's layout: a restore writes the same view
+                    c = r.tensor.clone().as_strided(t.shape, t.stride(), t.storage_offset())
+                    tags[id(c)] = name
+            return c
+
+        trees = {
+            a: map_tensors(getattr(self.obj, a), keep) for a in self.state if hasattr(self.obj, a)
+        }
+        snap = _TurnStart(trees, tags, dict(self.host_state), nbytes)
+        self._turn_start = snap
+        if key is not None:
+            self.turn_key = key
+            with self.pool._lock:
+                self.pool._turn_starts.setdefault(key, snap)
+
+    def reset(self) -> None:
+        """Start a new turn: the turn-start state is restored at the next ``run``."""
+        if self.closed:
+            raise SessionError(f"{self.name} is closed")
+        if self._turn_start is None and not self.pool.has_turn_start(self.turn_key):
+            raise SessionError(f"{self.name} has no turn start: call mark_turn_start() first")
+        self._pending_reset = True
+
+    def _restore_turn_start(self) -> None:
+        snap = self._turn_start or self.pool._turn_starts[self.turn_key]
+        self._turn_start = snap
+
+        def put(c: torch.Tensor) -> torch.Tensor:
+            name = snap.tags.get(id(c))
+            if name is None:
+                return c.clone()
+            dst = self._storage(name).same_view(c)
+            dst.copy_(c)
+            return dst
+
+        for attr, tree in snap.trees.items():
+            setattr(self.obj, attr, map_tensors(tree, put))
+        self.host_state.update(snap.host_state)
+        self._pending_reset = False
+
+    # ----------------------------------------------------------------- close
+    def close(self) -> None:
+        """Release the session's state (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.storage.clear()
+        self.pool._forget(self)
+
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.storage.values())
+
+    def __repr__(self) -> str:
+        return f"<Session {self.name}: {self.runs} runs, {self.nbytes() / 2**20:.1f} MiB>"
+
+
+# --------------------------------------------------------------------- helpers
+@dataclass(frozen=True)
+class _Exclusive:
+    """A step that must run in the eager section (``Session.prime``)."""
+
+    fn: Callable[..., Any]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def _initial_rng(device: torch.device, seed: int | None) -> torch.Tensor:
+    gen = _default_generator(device)
+    if seed is None:
+        return gen.get_state()
+    fresh = torch.Generator(device=device) if device.type == "cuda" else torch.Generator()
+    fresh.manual_seed(seed)
+    return fresh.get_state()
+
+
+@contextmanager
+def _on_stream(lane: Any) -> Iterator[None]:
+    if lane.stream is None:
+        yield
+        return
+    with torch.cuda.stream(lane.stream):
+        yield
+
+
+def _allocated(device: torch.device) -> int | None:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.memory_allocated(device)
+    return None
+
+
+__all__ = [
+    "NoLaneAvailable",
+    "Session",
+    "SessionBusy",
+    "SessionError",
+    "SessionPool",
+    "SessionRequired",
+    "current_run",
+]

@@ -1,0 +1,128 @@
+"""A synthetic streaming model with the state patterns of the real ones, for session
+tests on the CPU (tests/test_runtime_sessions.py) and on a GPU (test_runtime_cuda.py).
+
+A per-session carry (head ++ tail retention, trimmed by the stock driver after the
+call, aliased by the callable), a write-through scratch buffer at a site of the shared
+module, shared weights, and optionally a device-random draw per call (as HiFT's
+SineGen): ``noise=True`` on CUDA makes the callable's effect ``device_rng``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from duplexcadence.runtime import (
+    Aliased,
+    CallableDecl,
+    CaptureClass,
+    ContractDecl,
+    Effect,
+    HeadTail,
+    RegionDecl,
+    RegionSpec,
+    RegionView,
+    Retains,
+    TensorSpec,
+)
+
+P, R, C, D = 4, 7, 3, 8  # prompt frames, retained tail, frames per chunk, width
+EXTENTS = (P, P + C, P + 2 * C, P + R)  # 4, 7, 10, 11: from chunk 3 on trimmed to P + R
+
+
+class Net(torch.nn.Module):
+    """Shared weights and a scratch buffer the stock step writes in place."""
+
+    def __init__(self, device="cpu", noise: bool = False) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        w = (torch.randn(D, D, generator=g) / 3).to(device)
+        self.w = torch.nn.Parameter(w, requires_grad=False)
+        self.scratch = torch.zeros(P + R + C, D, device=device)
+        self.noise = noise
+
+    def step(self, x, cache):
+        h = torch.cat([cache, x @ self.w], dim=0)
+        self.scratch[: h.shape[0]].copy_(torch.tanh(h))
+        y = self.scratch[: h.shape[0]].sum(dim=0) + x.sum()
+        if self.noise:
+            y = y + torch.rand(D, device=x.device)  # device randomness on every call
+        return y, {"cache": h}
+
+
+class Stream:
+    """The vendor's per-session object: its own cache, shared `net`."""
+
+    def __init__(self, net: Net, seed: int) -> None:
+        self.net = net
+        g = torch.Generator().manual_seed(1000 + seed)
+        self.prompt = torch.randn(P, D, generator=g).to(net.w.device)
+        self.prime()
+
+    def prime(self) -> None:
+        self.state = {"cache": self.prompt.clone()}
+
+    def chunk(self, x):
+        y, new = self.net.step(x, self.state["cache"])
+        cache = new["cache"]
+        if cache.shape[0] > P + R:  # the stock trim, after the call (as Token2wav.stream)
+            cache = torch.cat([cache[:P], cache[-R:]], dim=0)
+        self.state = {"cache": cache}
+        return y
+
+
+def decl(noise: bool = False) -> ContractDecl:
+    return ContractDecl(
+        name="toy",
+        target=None,
+        source_sha256="",
+        determinism={},
+        regions={
+            "carry": RegionDecl(
+                RegionSpec("carry", torch.float32, (P + R, D), 0, "turn", "mutable"),
+                install="carry",
+                retention=HeadTail(P, R),
+                site=(("attr", "state"), ("key", "cache")),
+            ),
+            "scratch": RegionDecl(
+                RegionSpec("scratch", torch.float32, (P + R + C, D), None, "operator", "mutable"),
+                install="allocate",
+                site=(("attr", "net"), ("attr", "scratch")),
+            ),
+        },
+        callables=(
+            CallableDecl(
+                "step",
+                site=(("attr", "net"), ("attr", "step")),
+                classes=tuple(
+                    CaptureClass(
+                        f"carry={t}", (TensorSpec((C, D), torch.float32), RegionView("carry", t))
+                    )
+                    for t in EXTENTS
+                ),
+                effect=Effect.DEVICE_RNG if noise else Effect.NONE,
+                aliased=(Aliased("carry", "args", (("index", 1),), "carry"),),
+                retains=(Retains("carry", (("index", 1), ("key", "cache"))),),
+                writes=("scratch",),
+            ),
+        ),
+    )
+
+
+def x_of(seed: int, i: int, device="cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 100 + i)
+    return torch.randn(C, D, generator=g).to(device)
+
+
+def solo_stock(
+    seed: int, n: int, reset_at: tuple[int, ...] = (), device="cpu", noise: bool = False
+) -> list[torch.Tensor]:
+    """The session run alone on the unbound stock code (device randomness seeded)."""
+    s = Stream(Net(device, noise), seed)
+    if noise:
+        torch.cuda.manual_seed(seed)
+    out = []
+    for i in range(n):
+        if i in reset_at:
+            s.prime()
+        out.append(s.chunk(x_of(seed, i, device)))
+    return out
