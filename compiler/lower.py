@@ -154,6 +154,32 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
     }
 
 
+def region_installs(c: ir.Contract) -> dict[str, str]:
+    """How bind() provides each region (runtime/declared.py): carry | allocate | stock
+    | pinned | declared. A region with no site that no callable reads or writes
+    documents the stock state (e.g. a vendor ring that already is demand-sized):
+    bind() allocates nothing for it."""
+    used = {r.name for r in c.regions if r.site is not None}
+    for k in c.callables:
+        used.update(a.type.region for a in k.args if isinstance(a.type, ir.RegionArg))
+        used.update(k.writes)
+        used.update(k.aliased)
+        used.update(r.region for r in k.retains)
+    out = {}
+    for r in c.regions:
+        if r.name not in used:
+            out[r.name] = "declared"
+        elif r.retention is not None:
+            out[r.name] = "carry"
+        elif r.address == "pinned":
+            out[r.name] = "pinned"
+        elif r.allocate == "stock":
+            out[r.name] = "stock"
+        else:
+            out[r.name] = "allocate"
+    return out
+
+
 def lower(
     checked: Checked,
     analysis: Analysis,
@@ -164,14 +190,7 @@ def lower(
 ) -> dict:
     c = checked.contract
     by_name = {r.name: r for r in analysis.regions}
-    # A region with no site that no callable reads or writes documents the stock
-    # state (e.g. a vendor ring that already is demand-sized): bind() allocates nothing.
-    used = {r.name for r in c.regions if r.site is not None}
-    for k in c.callables:
-        used.update(a.type.region for a in k.args if isinstance(a.type, ir.RegionArg))
-        used.update(k.writes)
-        used.update(k.aliased)
-        used.update(r.region for r in k.retains)
+    installs = region_installs(c)
     regions = []
     for r in sorted(c.regions, key=lambda r: r.name):
         a = by_name[r.name]
@@ -185,16 +204,7 @@ def lower(
                 retention = f"Window(width={params[0]})"
             else:
                 retention = f"Ring(capacity={params[0]})"
-        if r.name not in used:
-            install = "declared"
-        elif retention is not None:
-            install = "carry"
-        elif r.address == "pinned":
-            install = "pinned"
-        elif r.allocate == "stock":
-            install = "stock"
-        else:
-            install = "allocate"
+        install = installs[r.name]
         regions.append(
             {
                 "install": install,
@@ -212,7 +222,7 @@ def lower(
                 "rho": a.rho,
                 "attended": list(a.attended),
                 "address": r.address,
-                "allocated": r.name in used,
+                "allocated": install != "declared",
                 "adopt_stock": r.allocate == "stock" or r.address == "pinned",
                 "note": r.note,
             }

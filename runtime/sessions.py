@@ -475,7 +475,7 @@ class Session:
             return c
 
         trees = {
-            a: map_tensors(getattr(self.obj, a), keep) for a in self.state if hasattr(self.obj, a)
+            a: map_tensors(getattr(self.obj, a), keep, copy=True) for a in self.state if hasattr(self.obj, a)
         }
         snap = _TurnStart(trees, tags, dict(self.host_state), nbytes)
         self._turn_start = snap
@@ -505,8 +505,8 @@ class Session:
             return dst
 
         for attr, tree in snap.trees.items():
-            setattr(self.obj, attr, map_tensors(tree, put))
-        self.host_state.update(snap.host_state)
+            setattr(self.obj, attr, map_tensors(tree, put, copy=True))
+        self.host_state = dict(snap.host_state)
         self._pending_reset = False
 
     # ----------------------------------------------------------------- close

@@ -33,10 +33,11 @@ def test_check_json_token2wav_numbers(capsys, monkeypatch):
     assert regions["solver_workspace"]["shape"] == [10, 16, 2, 8, 458, 128]
     assert regions["solver_workspace"]["rho"] == pytest.approx(16 * 1000 / (10 * 458), abs=1e-3)
     calls = {k["name"]: k for k in a["callables"]}
-    # 3 extents x 2 declared autocast states (float32, the vendor default; float16)
-    assert calls["flow_chunk"]["width"] == 6 and calls["flow_chunk"]["in_scope"]
+    # 3 extents x (steady chunk, final chunk) x 2 declared autocast states (float32, the
+    # vendor default; float16)
+    assert calls["flow_chunk"]["width"] == 12 and calls["flow_chunk"]["in_scope"]
     assert calls["flow_chunk"]["ambient_states"] == 2
-    assert calls["vocoder"]["width"] == 2
+    assert calls["vocoder"]["width"] == 4
 
 
 def test_moshi_frame_graphs_width_one(capsys, monkeypatch):

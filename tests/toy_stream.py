@@ -30,7 +30,9 @@ EXTENTS = (P, P + C, P + 2 * C, P + R)  # 4, 7, 10, 11: from chunk 3 on trimmed 
 
 
 class Net(torch.nn.Module):
-    """Shared weights and a scratch buffer the stock step writes in place."""
+    """Shared weights, a scratch buffer the stock step writes in place, and a conv
+    state buffer (as the DiT's ``cnn_cache_buffer``): the step writes the new conv state
+    into it and returns a view of it, which the driver keeps as session state."""
 
     def __init__(self, device="cpu", noise: bool = False) -> None:
         super().__init__()
@@ -38,15 +40,19 @@ class Net(torch.nn.Module):
         w = (torch.randn(D, D, generator=g) / 3).to(device)
         self.w = torch.nn.Parameter(w, requires_grad=False)
         self.scratch = torch.zeros(P + R + C, D, device=device)
+        self.conv_buf = torch.zeros(2, D, device=device)
         self.noise = noise
 
-    def step(self, x, cache):
-        h = torch.cat([cache, x @ self.w], dim=0)
+    def step(self, x, state):
+        # the per-session state comes in as the session's own dict (as Token2wav passes
+        # `cache=self.stream_cache`), which the binder updates in place
+        h = torch.cat([state["cache"], x @ self.w], dim=0)
         self.scratch[: h.shape[0]].copy_(torch.tanh(h))
-        y = self.scratch[: h.shape[0]].sum(dim=0) + x.sum()
+        y = self.scratch[: h.shape[0]].sum(dim=0) + x.sum() + state["conv"].sum(dim=0)
         if self.noise:
             y = y + torch.rand(D, device=x.device)  # device randomness on every call
-        return y, {"cache": h}
+        self.conv_buf.copy_(torch.stack([state["conv"][1], x[-1]]) * 0.5)
+        return y, {"cache": h, "conv": self.conv_buf}
 
 
 class Stream:
@@ -59,14 +65,14 @@ class Stream:
         self.prime()
 
     def prime(self) -> None:
-        self.state = {"cache": self.prompt.clone()}
+        self.state = {"cache": self.prompt.clone(), "conv": self.prompt[:2] * 0.1}
 
     def chunk(self, x):
-        y, new = self.net.step(x, self.state["cache"])
+        y, new = self.net.step(x, self.state)
         cache = new["cache"]
         if cache.shape[0] > P + R:  # the stock trim, after the call (as Token2wav.stream)
             cache = torch.cat([cache[:P], cache[-R:]], dim=0)
-        self.state = {"cache": cache}
+        self.state = {"cache": cache, "conv": new["conv"]}
         return y
 
 
@@ -83,6 +89,11 @@ def decl(noise: bool = False) -> ContractDecl:
                 retention=HeadTail(P, R),
                 site=(("attr", "state"), ("key", "cache")),
             ),
+            "conv": RegionDecl(
+                RegionSpec("conv", torch.float32, (2, D), None, "turn", "mutable"),
+                install="allocate",
+                site=(("attr", "net"), ("attr", "conv_buf")),
+            ),
             "scratch": RegionDecl(
                 RegionSpec("scratch", torch.float32, (P + R + C, D), None, "operator", "mutable"),
                 install="allocate",
@@ -95,14 +106,21 @@ def decl(noise: bool = False) -> ContractDecl:
                 site=(("attr", "net"), ("attr", "step")),
                 classes=tuple(
                     CaptureClass(
-                        f"carry={t}", (TensorSpec((C, D), torch.float32), RegionView("carry", t))
+                        f"carry={t}",
+                        (
+                            TensorSpec((C, D), torch.float32),
+                            {"cache": RegionView("carry", t), "conv": RegionView("conv")},
+                        ),
                     )
                     for t in EXTENTS
                 ),
                 effect=Effect.DEVICE_RNG if noise else Effect.NONE,
-                aliased=(Aliased("carry", "args", (("index", 1),), "carry"),),
+                aliased=(
+                    Aliased("carry", "args", (("index", 1), ("key", "cache")), "carry"),
+                    Aliased("conv", "args", (("index", 1), ("key", "conv")), "prefix"),
+                ),
                 retains=(Retains("carry", (("index", 1), ("key", "cache"))),),
-                writes=("scratch",),
+                writes=("scratch", "conv"),
             ),
         ),
     )

@@ -1,0 +1,145 @@
+"""Capacity plan: how many sessions one GPU holds and serves, from a contract.
+
+Contract of this layer. From the validated contract and its analysis alone,
+``footprint`` splits the memory a served contract needs by who owns it, following the
+region lifetimes (runtime/declared.py, runtime/sessions.py):
+  * per session — every region of lifetime ``turn`` or ``session``: a session keeps
+    its own copy of these between steps (declared-only regions too: they describe
+    stock state the session owns, e.g. a vendor ring);
+  * per lane — a lane's copy of every region bind allocates, plus the replay reserve
+    of its catalogs (eq. 6: staging of non-aliased inputs, summed over classes);
+  * eager scratch — with more than one lane the model's sites hold one more set of the
+    regions installed there, for eager calls;
+  * per voice — a kept turn start is a copy of the per-session state (upper bound).
+``predict`` adds a measured profile (bench/ writes it: the process's bytes with no
+session open, per lane count, and the chunks per second K saturated lanes serve) and
+returns the sessions one GPU holds by memory and by time at the cadence. What the
+contract cannot know — weights, graph pools, kernel time — comes only from the
+profile; without one, only the footprint is printed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from duplexcadence.compiler.analysis import Analysis
+from duplexcadence.compiler.lower import region_installs
+from duplexcadence.compiler.validate import Checked
+
+PER_SESSION = frozenset({"turn", "session"})
+
+
+@dataclass(frozen=True)
+class RegionShare:
+    name: str
+    lifetime: str
+    install: str
+    nbytes: int
+    owner: str  # session | lane | process | documented
+
+
+@dataclass(frozen=True)
+class Footprint:
+    contract: str
+    per_session_bytes: int
+    per_lane_bytes: int
+    eager_scratch_bytes: int
+    per_voice_bytes: int
+    regions: tuple[RegionShare, ...] = field(default_factory=tuple)
+
+    def static_bytes(self, lanes: int, sessions: int, voices: int) -> int:
+        """Contract-owned bytes only (no weights, pools or kernels' workspaces)."""
+        scratch = self.eager_scratch_bytes if lanes > 1 else 0
+        return (
+            lanes * self.per_lane_bytes
+            + scratch
+            + sessions * self.per_session_bytes
+            + voices * self.per_voice_bytes
+        )
+
+
+def footprint(checked: Checked, analysis: Analysis) -> Footprint:
+    c = checked.contract
+    installs = region_installs(c)
+    demand = {r.name: r.demand_bytes for r in analysis.regions}
+    shares = []
+    for r in c.regions:
+        install = installs[r.name]
+        if r.lifetime in PER_SESSION:
+            owner = "session"
+        elif install == "declared":
+            owner = "documented"
+        elif r.lifetime == "process":
+            owner = "process"
+        else:
+            owner = "lane"
+        shares.append(RegionShare(r.name, r.lifetime, install, demand[r.name], owner))
+    per_session = sum(s.nbytes for s in shares if s.owner == "session")
+    lane_regions = sum(s.nbytes for s in shares if s.install != "declared")
+    staging = sum(k.staging_bytes for k in analysis.callables)
+    site_regions = {r.name for r in c.regions if r.site is not None}
+    eager = sum(
+        s.nbytes for s in shares if s.install == "allocate" and s.name in site_regions
+    )
+    return Footprint(
+        contract=c.name,
+        per_session_bytes=per_session,
+        per_lane_bytes=lane_regions + staging,
+        eager_scratch_bytes=eager,
+        per_voice_bytes=per_session,
+        regions=tuple(shares),
+    )
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What bench/ measured for one contract on one GPU (``sessions_*.json`` writes
+    it under ``profile``)."""
+
+    gpu_bytes: int  # device memory the process may use
+    base_bytes: dict[int, int]  # lanes -> process bytes, pool built, no session open
+    chunks_per_s: dict[int, float]  # lanes -> chunks/s served with every lane busy
+    cadence_s: float = 1.0  # one chunk per session per cadence
+    utilization: float = 0.9  # share of the saturated rate kept for zero misses
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Profile":
+        return cls(
+            gpu_bytes=int(doc["gpu_bytes"]),
+            base_bytes={int(k): int(v) for k, v in doc["base_bytes"].items()},
+            chunks_per_s={int(k): float(v) for k, v in doc["chunks_per_s"].items()},
+            cadence_s=float(doc.get("cadence_s", 1.0)),
+            utilization=float(doc.get("utilization", 0.9)),
+        )
+
+
+def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1) -> dict:
+    """Sessions one GPU holds by memory and serves by time with ``lanes`` lanes."""
+    if lanes not in profile.base_bytes or lanes not in profile.chunks_per_s:
+        known = sorted(set(profile.base_bytes) & set(profile.chunks_per_s))
+        raise KeyError(f"the profile has no measurement for {lanes} lanes (has {known})")
+    free = profile.gpu_bytes - profile.base_bytes[lanes] - voices * fp.per_voice_bytes
+    by_memory = max(0, free // fp.per_session_bytes) if fp.per_session_bytes else math.inf
+    rate = profile.chunks_per_s[lanes] * profile.utilization
+    by_time = math.floor(rate * profile.cadence_s)
+    sessions = min(by_memory, by_time)
+    return {
+        "lanes": lanes,
+        "voices": voices,
+        "sessions_by_memory": by_memory,
+        "sessions_by_time": by_time,
+        "sessions": sessions,
+        "limited_by": "memory" if by_memory < by_time else "time",
+        "peak_bytes_at_sessions": (
+            None
+            if sessions == math.inf
+            else profile.base_bytes[lanes]
+            + voices * fp.per_voice_bytes
+            + int(sessions) * fp.per_session_bytes
+        ),
+    }
+
+
+def footprint_json(fp: Footprint) -> dict:
+    return asdict(fp)
