@@ -23,7 +23,8 @@ import types
 import numpy as np
 import pytest
 import torch
-from catalog_check import layout, predicted_signatures, recording
+from real_models import one_intra_op_thread  # noqa: F401 (autouse fixture)
+from real_models import layout, predicted_signatures, recording
 
 from duplexcadence.runtime import signature_of
 
@@ -37,14 +38,6 @@ if _REASON is not None:
 
 SEED = 1
 BENCH_TURN = 210  # contracts/qwen3_code2wav.clock: n_codes
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

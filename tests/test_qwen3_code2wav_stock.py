@@ -15,6 +15,7 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from real_models import one_intra_op_thread  # noqa: F401 (autouse fixture)
 
 from bench.workloads import qwen3_code2wav as W
 
@@ -27,14 +28,6 @@ if _REASON is not None:
 SEED = 0
 N_FRAMES = 30  # one full chunk (window 25) and a final partial one (window 25 + 5)
 TAIL = 555  # samples every call drops at its end (the causal transposed convs' trim)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import types
 import numpy as np
 import pytest
 import torch
-from catalog_check import predicted_signatures, recording
+from real_models import one_intra_op_thread  # noqa: F401 (autouse fixture)
+from real_models import predicted_signatures, recording
 
 from bench.workloads import voxcpm2 as W
 
@@ -28,14 +29,6 @@ if _REASON is not None:
 
 SEED = 3
 N_CHUNKS = 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

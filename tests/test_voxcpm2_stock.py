@@ -16,6 +16,7 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from real_models import one_intra_op_thread  # noqa: F401 (autouse fixture)
 
 from bench.workloads import voxcpm2 as W
 
@@ -46,15 +47,6 @@ def _run(seed: int) -> dict:
     del vae
     gc.collect()
     return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # One intra-op thread: on a shared 2-core machine OpenMP spin-waiting makes it slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

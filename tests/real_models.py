@@ -1,10 +1,13 @@
-"""Observed call signatures vs the catalog a generated contract predicts (CPU).
+"""Helpers of the real-model tests (a helper module, not a test file).
 
-On CPU a bound adapter runs every call eagerly and never keys it, so the real-model
+``one_intra_op_thread``: an autouse fixture to import into a test module. On the shared
+2-core machine OpenMP spin-waiting of two intra-op threads makes these models slower.
+
+Observed call signatures vs the catalog a generated contract predicts: on CPU a bound adapter runs every call eagerly and never keys it, so the real-model
 tests record what the stock loop passes to a declared callable with the runtime's own
 ``signature_of`` (shape, layout strides, dtype, device, requires_grad, 16-byte
 alignment class: exactly what admission compares) and compare it with the signatures
-of the catalog's materialised classes. A helper module, not a test file.
+of the catalog's materialised classes.
 """
 
 from __future__ import annotations
@@ -13,10 +16,19 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 
 from duplexcadence.runtime import materialize, signature_of
 from duplexcadence.runtime.sites import get_at, set_at
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def predicted_signatures(classes: list, device: Any = "cpu") -> dict[tuple, str]:
