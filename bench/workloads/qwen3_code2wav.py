@@ -63,21 +63,16 @@ def installed_version() -> str | None:
 
 
 def unavailable_reason() -> str | None:
-    """Why the stock workload cannot be built here (None when it can)."""
-    reason = release_missing(
+    """Why the stock workload cannot be built here (None when it can). Only metadata and
+    import specs are checked (importing transformers costs seconds at test collection);
+    every module the Code2Wav path imports at import time is in the list."""
+    return release_missing(
         "transformers",
         DIST_NAME,
         DIST_VERSION,
         REQUIREMENTS,
-        ("numpy", "regex", "tokenizers", "huggingface_hub", "safetensors", "yaml"),
+        ("numpy", "regex", "tokenizers", "huggingface_hub", "safetensors", "yaml", "requests"),
     )
-    if reason is not None:
-        return reason
-    try:
-        _vendor()
-    except ImportError as exc:  # a transitive import or transformers' version check
-        return f"transformers' qwen3_omni_moe does not import: {exc} ({REQUIREMENTS})"
-    return None
 
 
 def _vendor() -> tuple[Any, Any]:
