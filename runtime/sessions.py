@@ -57,7 +57,7 @@ import torch
 
 from .backend import _default_generator, capture_stream, drawing_from
 from .regions import Region
-from .trees import map_tensors
+from .trees import SharedState, map_tensors
 
 
 class SessionRequired(RuntimeError):
@@ -214,13 +214,21 @@ class SessionPool:
         seed: int | None = None,
         state: tuple[str, ...] = (),
         turn_key: Any = None,
+        shared: Callable[[], list] | None = None,
         name: str | None = None,
     ) -> "Session":
         """A new session. ``obj``: the session's own view of the model (the vendor's
         per-session call runs on it); ``state``: its attributes that hold per-session
         state besides the contract's region sites; ``seed``: its device generator seed
         (default: the process generator's state now); ``turn_key``: start from the
-        turn-start state kept under this key, if any (``mark_turn_start``)."""
+        turn-start state kept under this key, if any (``mark_turn_start``); ``shared``:
+        for a model that keeps a stream's state in its shared modules, a callable
+        returning the objects that hold it — swapped in place around every step
+        (trees.SharedState; one lane only, the modules being one set)."""
+        if shared is not None and len(self.lanes) > 1:
+            raise SessionError(
+                "state kept in the model's shared objects is one set: serve it on one lane"
+            )
         if self._shut:
             raise SessionError("the session pool was shut down")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
@@ -232,6 +240,7 @@ class SessionPool:
             sid = next(self._ids)
             self.counters["opened"] += 1
         s = Session(self, sid, obj, seed, tuple(dict.fromkeys(self._site_roots() + state)), name)
+        s.shared = SharedState(shared) if shared is not None else None
         if turn_key is not None:
             s.turn_key = turn_key
             if turn_key in self._turn_starts:
@@ -319,6 +328,8 @@ class Session:
         self._busy = threading.Lock()
         self._pending_reset = False
         self._turn_start: _TurnStart | None = None
+        self.shared: SharedState | None = None
+        self._shared_snapshot: list | None = None
 
     # ------------------------------------------------------------------- run
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -359,9 +370,13 @@ class Session:
             ):
                 if self._pending_reset:
                     self._restore_turn_start()
+                if self.shared is not None and self._shared_snapshot is not None:
+                    self.shared.load(self._shared_snapshot)
                 self._record_streams(lane)
                 result = (fn.fn if exclusive else fn)(*args, **kwargs)
                 copied = self._take_back()
+                if self.shared is not None:
+                    self._shared_snapshot = self.shared.save(self._shared_snapshot)
             if lane.stream is not None:
                 lane.stream.synchronize()
         finally:
@@ -475,7 +490,9 @@ class Session:
             return c
 
         trees = {
-            a: map_tensors(getattr(self.obj, a), keep, copy=True) for a in self.state if hasattr(self.obj, a)
+            a: map_tensors(getattr(self.obj, a), keep, copy=True)
+            for a in self.state
+            if hasattr(self.obj, a)
         }
         snap = _TurnStart(trees, tags, dict(self.host_state), nbytes)
         self._turn_start = snap
@@ -516,10 +533,12 @@ class Session:
             return
         self.closed = True
         self.storage.clear()
+        self._shared_snapshot = None
         self.pool._forget(self)
 
     def nbytes(self) -> int:
-        return sum(r.nbytes for r in self.storage.values())
+        shared = self.shared.nbytes(self._shared_snapshot) if self.shared is not None else 0
+        return sum(r.nbytes for r in self.storage.values()) + shared
 
     def __repr__(self) -> str:
         return f"<Session {self.name}: {self.runs} runs, {self.nbytes() / 2**20:.1f} MiB>"

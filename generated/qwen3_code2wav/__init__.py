@@ -8,6 +8,6 @@ the exact-shape replay engine. See `contract.py` for the declared numbers.
 """
 
 from .adapter import bind
-from .contract import CATALOG, CONTRACT, REGIONS, RETENTIONS
+from .contract import CATALOG, CONTRACT, DECLARED, REGIONS
 
-__all__ = ["bind", "CATALOG", "CONTRACT", "REGIONS", "RETENTIONS"]
+__all__ = ["bind", "CATALOG", "CONTRACT", "DECLARED", "REGIONS"]

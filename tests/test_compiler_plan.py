@@ -1,0 +1,57 @@
+"""The capacity plan (compiler/plan.py): what a session, a lane and a voice cost, from
+the shipped Token2Wav contract's lifetimes, and the prediction from a profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from duplexcadence.compiler.driver import read_and_compile
+from duplexcadence.compiler.plan import Profile, footprint, predict
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def token2wav():
+    r = read_and_compile(ROOT / "contracts" / "stepaudio2_token2wav.clock", emit=False)
+    assert r.ok
+    return footprint(r.checked, r.analysis)
+
+
+def test_sessions_own_turn_regions_lanes_own_the_rest(token2wav):
+    owners = {s.name: s.owner for s in token2wav.regions}
+    assert owners == {
+        "estimator_carry": "session",
+        "conformer_carry": "session",
+        "estimator_cnn": "session",
+        "hift_mel_cache": "session",
+        "solver_workspace": "lane",
+        "dit_workspace": "lane",
+    }
+    # 10 x 16 x 2 x 8 x 402 x 128 fp32 carry + the conformer carry + the DiT conv state
+    assert token2wav.per_session_bytes == pytest.approx(520.7 * MIB, rel=1e-3)
+    # a lane holds a copy of every allocated region (1150.5 MiB) plus its staging
+    assert token2wav.per_lane_bytes > 1150 * MIB
+    # with several lanes the model's sites hold one more set of the site regions
+    assert token2wav.eager_scratch_bytes == pytest.approx((572.5 + 57.25 + 2.5) * MIB, rel=1e-3)
+
+
+def test_prediction_takes_the_smaller_of_memory_and_time(token2wav):
+    profile = Profile(
+        gpu_bytes=140 * 2**30,
+        base_bytes={1: 4 * 2**30, 4: 8 * 2**30},
+        chunks_per_s={1: 15.0, 4: 40.0},
+    )
+    one = predict(token2wav, profile, lanes=1)
+    assert one["sessions_by_time"] == 13 and one["limited_by"] == "time"  # 15 x 0.9
+    four = predict(token2wav, profile, lanes=4, voices=2)
+    assert four["sessions_by_time"] == 36
+    free = 140 * 2**30 - 8 * 2**30 - 2 * token2wav.per_voice_bytes
+    assert four["sessions_by_memory"] == free // token2wav.per_session_bytes
+    tight = Profile(gpu_bytes=16 * 2**30, base_bytes={4: 8 * 2**30}, chunks_per_s={4: 40.0})
+    assert predict(token2wav, tight, lanes=4)["limited_by"] == "memory"
+    with pytest.raises(KeyError, match="no measurement for 2 lanes"):
+        predict(token2wav, profile, lanes=2)
