@@ -74,11 +74,11 @@ def test_stock_state_is_the_contracts_regions(first_run: dict) -> None:
     from duplexcadence.generated.voxcpm2 import contract
 
     # region -> module path under vae.decoder (the key of its conv_states site)
-    by_path = {steps[-1][1]: region for region, steps in contract.REGION_SITES.items()}
+    by_path = {r.site[-1][1]: name for name, r in contract.REGIONS.items() if r.site}
     for states in first_run["states"]:  # the same 26 entries after every chunk
         assert {s["path"] for s in states} == set(by_path)
         for s in states:
-            assert s["shape"] == contract.REGIONS[by_path[s["path"]]].shape, s["path"]
+            assert s["shape"] == contract.REGIONS[by_path[s["path"]]].spec.shape, s["path"]
         assert len(states) == 26
         assert sum(s["nbytes"] for s in states) == 647_424
     # The stock holds each state as a view of its layer's input: in steady state the
