@@ -21,6 +21,7 @@ from toy_stream import Net, Stream, decl, solo_stock, x_of
 
 from duplexcadence.runtime import (
     FakeGraphBackend,
+    LaneError,
     NoLaneAvailable,
     SessionBusy,
     SessionError,
@@ -178,3 +179,15 @@ def test_plain_binding_serves_threads_one_at_a_time():
         t.join(5)
     assert len(outs) == 4
     binding.unbind()
+
+
+def test_a_second_lane_refuses_model_state_the_contract_does_not_declare():
+    """The step writes a model buffer the contract leaves out: with one lane that is
+    stock behaviour; every further lane's graphs would share it, so the pool refuses."""
+    base = Stream(Net(), seed=5)
+    binding = bind_contract(
+        base, decl(declare_conv=False), device="cpu", backend=FakeGraphBackend(), progress=False
+    )
+    binding.capture(progress=False)
+    with pytest.raises(LaneError, match="net.conv_buf"):
+        binding.sessions(lanes=2, progress=False)

@@ -9,6 +9,8 @@ SineGen): ``noise=True`` on CUDA makes the callable's effect ``device_rng``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from duplexcadence.runtime import (
@@ -76,8 +78,10 @@ class Stream:
         return y
 
 
-def decl(noise: bool = False) -> ContractDecl:
-    return ContractDecl(
+def decl(noise: bool = False, declare_conv: bool = True) -> ContractDecl:
+    """``declare_conv=False`` leaves the conv buffer out: the step then writes model
+    state the contract does not know about (what a second lane must refuse)."""
+    d = ContractDecl(
         name="toy",
         target=None,
         source_sha256="",
@@ -124,6 +128,26 @@ def decl(noise: bool = False) -> ContractDecl:
             ),
         ),
     )
+    if declare_conv:
+        return d
+    regions = {n: r for n, r in d.regions.items() if n != "conv"}
+    (k,) = d.callables
+    k = dataclasses.replace(
+        k,
+        classes=tuple(
+            dataclasses.replace(
+                c,
+                args=(
+                    c.args[0],
+                    {"cache": c.args[1]["cache"], "conv": TensorSpec((2, D), torch.float32)},
+                ),
+            )
+            for c in k.classes
+        ),
+        aliased=tuple(a for a in k.aliased if a.region != "conv"),
+        writes=("scratch",),
+    )
+    return dataclasses.replace(d, regions=regions, callables=(k,))
 
 
 def x_of(seed: int, i: int, device="cpu") -> torch.Tensor:
