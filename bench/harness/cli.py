@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .document import rerender
-from .driver import REPORT_RESERVE_S, drive
-from .worker import worker_main
 from .workload import Workload
+
+REPORT_RESERVE_S = 15.0  # kept back under --time-budget for writing .json/.md/.png
 
 
 def _cells_arg(wl: Workload):  # noqa: ANN202
@@ -103,8 +102,11 @@ def parse_args(wl: Workload, argv: Sequence[str] | None = None) -> argparse.Name
 
 
 def main(wl: Workload, argv: Sequence[str] | None = None) -> int:
+    """A worker imports only what it runs (no pandas/scipy/matplotlib); the driver all."""
     args = parse_args(wl, argv)
     if args.worker:
+        from .worker import worker_main
+
         result = worker_main(wl, args)
         if result["status"] != "ok":
             # The result is out; whatever a failed cell left running (an interrupted
@@ -112,6 +114,7 @@ def main(wl: Workload, argv: Sequence[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(0)
         return 0
-    if args.rerender:
-        return rerender(wl, Path(args.rerender))
-    return drive(wl, args)
+    from .document import rerender
+    from .driver import drive
+
+    return rerender(wl, Path(args.rerender)) if args.rerender else drive(wl, args)

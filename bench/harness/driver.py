@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import document
+from .cli import REPORT_RESERVE_S
 from .process import git_info, run_worker_process, write_json
 from .stats import median, rotate
 from .workload import Workload
-
-REPORT_RESERVE_S = 15.0  # kept back under --time-budget for writing .json/.md/.png
 
 
 def say(*parts: str) -> None:
