@@ -228,8 +228,19 @@ def test_a_small_sweep_of_real_workers(tmp_path):
     assert point["status"] == "ok" and point["chunks"] == sum(
         len(s.chunks) for s in trace(cli.trace_settings(cli.parse_args(argv)), 2)
     )
-    assert len(doc["runs"][-1]["workers"]) == 1 and sorted(doc["references"]) == ["0", "1"]
+    assert len(doc["runs"][-1]["workers"]) == 1 and sorted(doc["references"]["fake_sessions"]) == [
+        "0",
+        "1",
+    ]
     assert (
         out.with_suffix(".png").stat().st_size > 1000
         and "forgetful_inproc" in out.with_suffix(".md").read_text()
     )
+
+    # a second call adds an arm to the same document; the references are not run again
+    more = argv[: argv.index("--arms")] + ["--arms", "stock_inproc", "--n", "1", "--resume"]
+    assert cli.main(more + argv[argv.index("--duration") :]) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert set(doc["arms"]) == {"stock_procs", "forgetful_inproc", "stock_inproc"}
+    assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
+    assert len(doc["commands"]) == 2 and sum(bool(r.get("reference")) for r in doc["runs"]) == 1

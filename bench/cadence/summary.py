@@ -95,7 +95,7 @@ def markdown(doc: dict) -> str:
         f"# Paced sessions: {doc['workload']} on {doc.get('gpu')}",
         "",
         f"- command: `{doc['command']}`; git `{doc.get('git_commit')}`; torch {doc.get('torch')}",
-        f"- trace seed {s['trace_seed']}, {s['duration_s']} s per run, one chunk per "
+        f"- trace seed {s['seed']}, {s['duration_s']} s per run, one chunk per "
         f"{s['period_s']} s during a turn, deadline {s['deadline_ms']} ms; sessions arrive "
         f"over {s['ramp_s']} s; references: each of the first {s['references']} sessions "
         f"alone on {doc['reference_arm']} in a fresh process",

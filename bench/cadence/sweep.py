@@ -118,7 +118,12 @@ class Sweep:
         self.settings = trace_settings(args)
         prior = prior or {}
         self.runs: list[dict] = list(prior.get("runs") or [])
-        self.refs: dict[str, dict] = dict(prior.get("references") or {})
+        self.prior_arms: dict[str, dict] = dict(prior.get("arms") or {})
+        self.commands: list[str] = list(prior.get("commands") or [])
+        self.commands.append("python -m bench.cadence " + shlex.join(args._argv))
+        # {workload: {session index: hashes}}: several workloads may share one document
+        self.all_refs: dict[str, dict] = dict(prior.get("references") or {})
+        self.refs = self.all_refs.setdefault(wl.name, {})
         self.skipped: list[dict] = []
 
     def left(self) -> float:
@@ -143,7 +148,15 @@ class Sweep:
             for res in launch(self.wl, self.args, self.wl.reference, [g], unpaced=True):
                 for i, h in (res.get("hashes") or {}).items():
                     self.refs[str(i)] = h
-                self.runs.append({**res, "arm": self.wl.reference, "n": len(g), "reference": True})
+                self.runs.append(
+                    {
+                        **res,
+                        "arm": self.wl.reference,
+                        "n": len(g),
+                        "reference": True,
+                        "workload": self.wl.name,
+                    }
+                )
 
     def done(self, arm: str, n: int) -> dict | None:
         """The ok run of (arm, N) already made (this sweep or a resumed one)."""
@@ -193,44 +206,45 @@ class Sweep:
                 missed[arm] = min(n, missed.get(arm, n))
             self.write(complete=False)
 
+    def arms(self, points: dict[str, dict]) -> dict[str, dict]:
+        """The per-arm summary of every arm with runs (this workload's or a resumed one's)."""
+        out = {}
+        for name, ps in points.items():
+            mine = name in {a.name for a in self.wl.arms}
+            arm = self.wl.arm(name) if mine else None
+            meta = {"workload": self.wl.name, "shape": arm.shape, "what": arm.what} if mine else {
+                k: self.prior_arms.get(name, {}).get(k) for k in ("workload", "shape", "what")
+            }  # fmt: skip
+            pts = {int(n): p for n, p in ps.items()}
+            run_s = min((p.get("run_s") or 0.0 for p in pts.values()), default=0.0)
+            out[name] = {**summary.arm_summary(pts, 60.0, run_s), **meta}
+        return out
+
     def document(self, complete: bool) -> dict:
         a = self.args
         points: dict[str, dict] = {arm: {} for arm in a.arm_n}
         for r in self.runs:
-            if not r.get("reference") and r["arm"] in points:
-                points[r["arm"]][str(r["n"])] = {
-                    k: v for k, v in r.items() if k not in ("workers", "arm", "n")
-                }
+            if not r.get("reference"):
+                drop = ("workers", "arm", "n")
+                points.setdefault(r["arm"], {})[str(r["n"])] = {k: v for k, v in r.items() if k not in drop}  # fmt: skip
         first = next((w for r in self.runs for w in r.get("workers", [r])), {})
-        arms = {
-            name: {
-                **summary.arm_summary({int(n): p for n, p in ps.items()}, 60.0, a.duration),
-                "shape": self.wl.arm(name).shape,
-                "what": self.wl.arm(name).what,
-            }
-            for name, ps in points.items()
-        }
+        arms = self.arms(points)
+        settings = {**vars(self.settings), "deadline_ms": a.deadline_ms, "n": a.arm_n}
+        settings.update(references=a.references, time_budget_s=a.time_budget, device=a.device)
         return {
             "benchmark": "sessions",
-            "workload": self.wl.name,
-            "command": "python -m bench.cadence " + shlex.join(a._argv),
+            "workload": " + ".join(sorted({v["workload"] for v in arms.values() if v["workload"]})),
+            "command": self.commands[-1],
+            "commands": self.commands,
             **git_info(a.git_commit),
             "torch": first.get("torch"),
             "gpu": self.gpu.name or first.get("device_name"),
             "host": socket.gethostname(),
             "reference_arm": self.wl.reference,
-            "settings": {
-                **vars(self.settings),
-                "trace_seed": a.trace_seed,
-                "deadline_ms": a.deadline_ms,
-                "references": a.references,
-                "n": a.arm_n,
-                "time_budget_s": a.time_budget,
-                "device": a.device,
-            },
+            "settings": settings,
             "arms": arms,
             "per_n": points,
-            "references": self.refs,
+            "references": self.all_refs,
             "skipped": self.skipped,
             "complete": complete,
             "wall_s": time.perf_counter() - self.t0,
