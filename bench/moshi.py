@@ -121,9 +121,7 @@ class MoshiRun:
     def setup(self) -> Any:
         if self.ctx.cell.name != "adapter":
             return None
-        binding = self.W.bind_adapter(self.mimi, self.lm_gen, self.ctx.device)
-        self.ctx.setup["binding_eager"] = dict(binding.eager)
-        return binding
+        return self.W.bind_adapter(self.mimi, self.lm_gen, self.ctx.device)
 
     def step(self) -> dict:
         toks, outs = self.W.step_frame(self.mimi, self.lm_gen, next(self.inputs))

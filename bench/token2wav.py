@@ -30,8 +30,6 @@ from duplexcadence.runtime.controls import DISABLE_ENV
 from bench.harness import Cell, CellFailed, Stream, WorkerContext, Workload, main
 from bench.workloads import unavailable_reason
 
-MIB = 2**20
-
 
 @dataclass(frozen=True)
 class T2WCell(Cell):
@@ -210,12 +208,7 @@ def compile_callables(t2w: Any, info: dict) -> None:
     warm-up chunks and the 56-frame final chunk), all outside the window."""
     import torch
 
-    info["compile_kwargs"] = dict(COMPILE_KW)
-    info["torch_compile_note"] = "inductor config left at its defaults"
-    config = torch._dynamo.config
-    info["recompile_limit"] = getattr(config, "recompile_limit", None) or getattr(
-        config, "cache_size_limit", None
-    )
+    info["compile_kwargs"] = dict(COMPILE_KW)  # inductor config left at its defaults
     info["dynamo_counters_before"] = dynamo_counters()
     try:
         t2w.flow.inference_chunk = torch.compile(t2w.flow.inference_chunk, **COMPILE_KW)
@@ -295,20 +288,7 @@ class Token2WavRun:
             if self.binding is None:  # binds the primed model, keeping its stock buffers
                 self._bind(t2w)
             self.binding.capture(progress=False)  # before traffic; no-op with replay off
-            info.update(
-                adapter=self.cell.adapter,
-                bound_before_priming=self.cell.bind_before_priming,
-                binding_determinism=self.binding.determinism,
-                binding_constants=dict(self.binding.constants),
-                binding_eager=dict(self.binding.eager),
-            )
-            info["regions"] = {
-                n: {
-                    "shape": list(r.tensor.shape),
-                    "mib": r.tensor.numel() * r.tensor.element_size() / MIB,
-                }
-                for n, r in self.binding.regions.items()
-            }
+            # what it bound and captured is in the result's binding_stats
         elif name == "vendor_bucket":
             t2w.flow.scatter_cuda_graph(True)
             count_vendor_graphs(t2w.flow.decoder.estimator, info)
@@ -355,47 +335,25 @@ class Token2WavRun:
 
 
 # --------------------------------------------------------------- results and report
-def _ok_setups(results: list) -> list[dict]:
-    return [r.get("setup") or {} for r in results if r and r.get("status") == "ok"]
-
-
 def cell_summary(results: list) -> dict:
-    """The vendor controls' graph counters and compile_ro's compile figures."""
+    """The vendor controls' graph counters (summed) and compile_ro's figures (medians)."""
     from bench.harness.stats import median
 
+    setups = [r.get("setup") or {} for r in results if r and r.get("status") == "ok"]
     out: dict[str, Any] = {}
-    sets = [s for s in _ok_setups(results) if s.get("vendor_counts") is not None]
-    if sets:
-        out["vendor_graphs"] = {
-            "blocks": len(sets),
-            "buckets": sets[0].get("vendor_buckets"),
-            "max_size": sets[0].get("vendor_max_size"),
-            **{
-                k: sum(int(s["vendor_counts"].get(k, 0)) for s in sets)
-                for k in ("estimator_calls", "bucket_replays")
-            },
-        }
-    sets = [s for s in _ok_setups(results) if s.get("compile_kwargs")]
-    if sets:
-        out["compile"] = {
-            "blocks": len(sets),
-            "compile_and_first_calls_s_by_block": [
-                s.get("compile_and_first_calls_s") for s in sets
-            ],
-            **{
-                k: median(s.get(k) for s in sets)
-                for k in (
-                    "compile_and_first_calls_s",
-                    "frames_compiled",
-                    "unique_graphs",
-                    "graph_breaks",
-                )
-            },
-            "frames_compiled_in_window": sum(
-                int(s.get("frames_compiled_in_window") or 0) for s in sets
-            ),
-            "compile_kwargs": sets[0].get("compile_kwargs"),
-        }
+    vendor = [s for s in setups if s.get("vendor_counts") is not None]
+    if vendor:
+        sums = {k: sum(s["vendor_counts"][k] for s in vendor) for k in vendor[0]["vendor_counts"]}
+        first = {"buckets": vendor[0]["vendor_buckets"], "max_size": vendor[0]["vendor_max_size"]}
+        out["vendor_graphs"] = {"blocks": len(vendor), **first, **sums}
+    comp = [s for s in setups if s.get("compile_kwargs")]
+    if comp:
+        keys = ("compile_and_first_calls_s", "frames_compiled", "unique_graphs", "graph_breaks")
+        out["compile"] = {"blocks": len(comp), **{k: median(s.get(k) for s in comp) for k in keys}}
+        out["compile"]["frames_compiled_in_window"] = sum(
+            int(s.get("frames_compiled_in_window") or 0) for s in comp
+        )
+        out["compile"]["compile_kwargs"] = comp[0]["compile_kwargs"]
     return out
 
 
