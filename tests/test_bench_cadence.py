@@ -88,6 +88,8 @@ def test_metrics_and_arm_summary():
     m = summary.run_metrics([worker, worker], 1000.0, 0.5)
     assert m["chunks"] == 8 and m["misses"] == 2 and m["turns"] == 4
     assert m["peak_gib"] == 2.0 and m["gpu_busy_share"] == 0.5 and m["max_ms"] == 1200.0
+    crashed = summary.run_metrics([{"status": "crash"}], 1000.0, None)
+    assert crashed["chunks"] == 0 and crashed["p95_ms"] is None and crashed["peak_gib"] is None
     ex = summary.exactness(
         [worker], {"0": {"pcm_sha256": "a"}, "1": {"pcm_sha256": "x"}}, ["pcm_sha256"]
     )

@@ -35,7 +35,7 @@ def run_metrics(results: Sequence[dict], deadline_ms: float, busy: float | None)
     """Latency (arrival -> output), misses, first packets, memory of one (arm, N) run."""
     chunks = pd.concat([pd.DataFrame(r.get("chunks") or {}) for r in results], ignore_index=True)
     lat = chunks.get("latency_ms", pd.Series(dtype=float))
-    first = lat[chunks["k"] == 0] if len(chunks) else lat
+    first = lat[chunks["k"] == 0] if "k" in chunks else lat
     peaks = [r.get("peak_mib") for r in results]
     return {
         "chunks": int(len(lat)),

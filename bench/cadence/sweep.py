@@ -49,7 +49,8 @@ class GpuSampler:
 
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self.name = pynvml.nvmlDeviceGetName(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            self.name = name.decode() if isinstance(name, bytes) else name
             self.read = lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
         except Exception:  # noqa: BLE001 - no NVML: busy share is null
             self.read, self.name = None, None
