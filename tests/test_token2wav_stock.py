@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import gc
 
-import numpy as np
 import pytest
 import torch
 
-from bench.workloads import token2wav as W
+from bench.workloads import unavailable_reason
 
 pytestmark = pytest.mark.slow
 
-_REASON = W.unavailable_reason()
+_REASON = unavailable_reason("token2wav")  # looks at specs only: imports nothing
 if _REASON is not None:
     pytest.skip(_REASON, allow_module_level=True)
+
+import numpy as np  # noqa: E402
+from bench.workloads import token2wav as W  # noqa: E402
 
 SEED = 0
 N_CHUNKS = 5  # 4 steady chunks + 1 final chunk; the trim first fires on chunk 3

@@ -1,14 +1,43 @@
 """Builders for the released third-party streaming models, seeded random weights.
 
 Nothing here vendors third-party code: each module imports the installed package
-and drives the vendor's own entry points.
+and drives the vendor's own entry points. ``unavailable_reason(name)`` says, with the
+install command, why a workload cannot run here, without importing it (nor numpy), so
+that tests and workers can skip or fail with the hint instead of an ImportError.
 """
 
 from __future__ import annotations
 
-
 import importlib.metadata
 import importlib.util
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Release:
+    module: str  # the importable package
+    dist: str  # its distribution on PyPI
+    version: str  # the stock version the workload is written against
+    requirements: str  # what installs it (with --no-deps)
+    deps: tuple[str, ...]  # modules it imports besides torch
+
+
+RELEASES = {
+    "token2wav": Release(
+        "stepaudio2",
+        "minicpmo-utils",
+        "1.0.6",
+        "bench/requirements-token2wav.txt",
+        ("einops", "scipy", "numpy"),
+    ),
+    "moshi": Release(
+        "moshi",
+        "moshi",
+        "0.2.13",
+        "bench/requirements-moshi.txt",
+        ("numpy", "einops", "safetensors", "huggingface_hub", "sentencepiece"),
+    ),
+}
 
 
 def subseed(seed: int, k: int) -> int:
@@ -26,13 +55,21 @@ def installed_version(dist: str) -> str | None:
 def release_missing(
     module: str, dist: str, version: str, requirements: str, deps: tuple[str, ...]
 ) -> str | None:
-    """Why the released workload `dist==version` cannot run here (None when it can)."""
+    """Why the released workload ``dist==version`` cannot run here, with the command that
+    installs it (None when it can). Looks at import specs only: imports nothing."""
+    hint = f"pip install --no-deps -r {requirements}"
     if importlib.util.find_spec(module) is None:
-        return f"{module} ({dist}=={version}) is not importable: pip install --no-deps -r {requirements}"
+        return f"{module} ({dist}=={version}) is not importable: {hint}"
     installed = installed_version(dist)
     if installed != version:
-        return f"{dist} {installed} is installed; the stock workload is {version}"
+        return f"{dist} {installed} is installed; the stock workload is {version}: {hint}"
     for dep in deps:
         if importlib.util.find_spec(dep) is None:
-            return f"{dep} is not installed ({requirements})"
+            return f"{dep} is not installed: {hint}"
     return None
+
+
+def unavailable_reason(name: str) -> str | None:
+    """``release_missing`` of a workload in ``RELEASES``, by its name."""
+    r = RELEASES[name]
+    return release_missing(r.module, r.dist, r.version, r.requirements, r.deps)

@@ -38,10 +38,10 @@ What this module adds around the vendor code, and nothing more:
   *before* moshi is imported does the same at decoration time (compile.py:40-41).
 * ``pcm_stream()`` gives seeded 1920-sample fp32 frames (80 ms at 24 kHz).
 
-Seeding (all derived from one ``seed``; ``_subseed(seed, k) = 16 * seed + k``): Mimi
-weights ← ``torch.manual_seed(_subseed(seed, 0))``; codebooks ← a private CPU generator
-at ``_subseed(seed, 1)``; LM weights ← ``torch.manual_seed(_subseed(seed, 2))``; PCM ←
-a private CPU generator at ``_subseed(seed, 3)``; at the end of the build
+Seeding (all derived from one ``seed``; ``subseed(seed, k) = 16 * seed + k``): Mimi
+weights ← ``torch.manual_seed(subseed(seed, 0))``; codebooks ← a private CPU generator
+at ``subseed(seed, 1)``; LM weights ← ``torch.manual_seed(subseed(seed, 2))``; PCM ←
+a private CPU generator at ``subseed(seed, 3)``; at the end of the build
 ``torch.manual_seed(seed)`` seeds the global generators (only sampling draws from them).
 Weights are initialised on the target device by the vendor loaders (the 7B LM is too
 large to build on the host and move), so a CUDA build's weights differ from a CPU
@@ -51,17 +51,14 @@ build's; every comparison is between builds on the same device.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import importlib.util
 from typing import Any
 
 import torch
 
-from bench.workloads import installed_version as _installed_version
-from bench.workloads import release_missing, subseed
+from bench import workloads
+from bench.workloads import subseed
 
-DIST_NAME = "moshi"
-DIST_VERSION = "0.2.13"
+RELEASE = workloads.RELEASES["moshi"]
 
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
@@ -112,29 +109,21 @@ TINY_LM_KWARGS: dict[str, Any] = {
 }
 
 
-def _subseed(seed: int, k: int) -> int:
-    return subseed(seed, k)
-
-
 def installed_version() -> str | None:
-    return _installed_version(DIST_NAME)
+    return workloads.installed_version(RELEASE.dist)
 
 
 def unavailable_reason() -> str | None:
     """Why the stock workload cannot be built here (None when it can)."""
-    reason = release_missing(
-        "moshi",
-        DIST_NAME,
-        DIST_VERSION,
-        "bench/requirements-moshi.txt",
-        ("numpy", "einops", "safetensors", "huggingface_hub", "sentencepiece"),
-    )
+    reason = workloads.unavailable_reason("moshi")
     if reason is not None:
         return reason
     try:
         import moshi.models  # noqa: F401
     except ImportError as exc:  # a transitive import of huggingface_hub etc.
-        return f"moshi.models does not import: {exc} (bench/requirements-moshi.txt)"
+        return (
+            f"moshi.models does not import: {exc} (pip install --no-deps -r {RELEASE.requirements})"
+        )
     return None
 
 
@@ -151,7 +140,7 @@ def fill_codebooks(mimi: torch.nn.Module, seed: int, std: float = CODEBOOK_FILL_
     """Fill every zero-initialised quantizer codebook with seeded N(0, std) values."""
     from moshi.quantization.core_vq import EuclideanCodebook
 
-    g = torch.Generator().manual_seed(_subseed(seed, 1))
+    g = torch.Generator().manual_seed(subseed(seed, 1))
     n = 0
     for _, module in sorted(mimi.named_modules(), key=lambda kv: kv[0]):
         if isinstance(module, EuclideanCodebook):
@@ -167,7 +156,7 @@ def fill_codebooks(mimi: torch.nn.Module, seed: int, std: float = CODEBOOK_FILL_
 def build_mimi(seed: int, device: str | torch.device) -> torch.nn.Module:
     loaders = _loaders()
     device = torch.device(device)
-    torch.manual_seed(_subseed(seed, 0))
+    torch.manual_seed(subseed(seed, 0))
     mimi = loaders.get_mimi(None, device=device, num_codebooks=MIMI_CODEBOOKS)
     n = fill_codebooks(mimi, seed)
     assert n > 0, "no EuclideanCodebook found in Mimi"
@@ -181,7 +170,7 @@ def build_lm(
     lm_kwargs: dict[str, Any] | None = FULL_7B,
 ) -> torch.nn.Module:
     loaders = _loaders()
-    torch.manual_seed(_subseed(seed, 2))
+    torch.manual_seed(subseed(seed, 2))
     lm = loaders.get_moshi_lm(
         None,
         lm_kwargs=None if lm_kwargs is None else dict(lm_kwargs),
@@ -223,7 +212,7 @@ def build_moshi(
 
 def pcm_stream(seed: int, n_frames: int) -> list[torch.Tensor]:
     """Seeded fp32 input frames [1, 1, 1920] on the CPU (the server moves each chunk)."""
-    g = torch.Generator().manual_seed(_subseed(seed, 3))
+    g = torch.Generator().manual_seed(subseed(seed, 3))
     return [
         torch.randn((1, 1, FRAME_SAMPLES), generator=g, dtype=torch.float32) * PCM_STD
         for _ in range(n_frames)
@@ -291,16 +280,6 @@ def run_frames(
     return token_ids, pcm
 
 
-@contextlib.contextmanager
-def no_vendor_graphs():
-    """The vendor's own switch (``moshi.utils.compile.no_cuda_graph``; the env variable
-    ``NO_CUDA_GRAPH=1`` is read on every call too, compile.py:169-176)."""
-    from moshi.utils.compile import no_cuda_graph
-
-    with no_cuda_graph():
-        yield
-
-
 def bind_adapter(
     mimi: Any,
     lm_gen: Any,
@@ -327,7 +306,8 @@ def bind_adapter(
     if _is_cuda_graph_enabled():
         raise RuntimeError(
             "bind_adapter: the vendor's CUDA graphs are on; set NO_CUDA_GRAPH=1 (or run "
-            "inside no_vendor_graphs()) so they do not capture inside the adapter's graphs"
+            "inside moshi.utils.compile.no_cuda_graph()) so they do not capture inside the "
+            "adapter's graphs"
         )
     if lm_gen._streaming_state is None or mimi._streaming_state is None:
         raise RuntimeError("bind_adapter: start streaming first (build_moshi(start=True))")

@@ -28,10 +28,10 @@ What this module adds around the vendor code, and nothing more:
   the real ``torch``.
 * ``token_stream()`` gives seeded token chunks as a real client feeds ``stream()``.
 
-Seeding (all derived from one ``seed``; ``_subseed(seed, k) = 16 * seed + k``):
-flow weights and ``rand_noise`` ← ``torch.manual_seed(_subseed(seed, 0))``; HiFT weights
-← ``torch.manual_seed(_subseed(seed, 1))``; the prompt ← a private CPU generator at
-``_subseed(seed, 2)``; tokens ← a private CPU generator at ``_subseed(seed, 3)``; at the
+Seeding (all derived from one ``seed``; ``subseed(seed, k) = 16 * seed + k``):
+flow weights and ``rand_noise`` ← ``torch.manual_seed(subseed(seed, 0))``; HiFT weights
+← ``torch.manual_seed(subseed(seed, 1))``; the prompt ← a private CPU generator at
+``subseed(seed, 2)``; tokens ← a private CPU generator at ``subseed(seed, 3)``; at the
 end of the build ``torch.manual_seed(seed)`` seeds the global (CPU and CUDA) generators
 that HiFT's SineGen2 / source noise draw from on every call. Weights are always made on
 the CPU and then moved, so a CUDA build has bit-identical weights to a CPU build.
@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import sys
 import types
@@ -52,11 +51,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.workloads import installed_version as _installed_version
-from bench.workloads import release_missing, subseed
+from bench import workloads
+from bench.workloads import subseed
 
-DIST_NAME = "minicpmo-utils"
-DIST_VERSION = "1.0.6"
+RELEASE = workloads.RELEASES["token2wav"]
 
 # Speech-token vocabulary (25 Hz S3 tokenizer v2, FSQ 3^8) and the silence token the
 # stock set_stream_cache() right-pads the prompt with (token2wav.py:153).
@@ -154,24 +152,14 @@ _SUBMODULES = {
 _modules_cache: types.SimpleNamespace | None = None
 
 
-def _subseed(seed: int, k: int) -> int:
-    return subseed(seed, k)
-
-
 def installed_version() -> str | None:
     """Version of the installed ``minicpmo-utils`` distribution, or None."""
-    return _installed_version(DIST_NAME)
+    return workloads.installed_version(RELEASE.dist)
 
 
 def unavailable_reason() -> str | None:
     """Why the stock workload cannot be built here (None when it can)."""
-    return release_missing(
-        "stepaudio2",
-        DIST_NAME,
-        DIST_VERSION,
-        "bench/requirements-token2wav.txt",
-        ("einops", "scipy", "numpy"),
-    )
+    return workloads.unavailable_reason("token2wav")
 
 
 def _stand_in(name: str, attrs: tuple[str, ...]) -> types.ModuleType:
@@ -273,7 +261,7 @@ def build_flow(seed: int = 0) -> tuple[torch.nn.Module, list[str]]:
     Returns (flow, names of the parameters re-filled because they were all zero).
     """
     m = import_stepaudio2()
-    torch.manual_seed(_subseed(seed, 0))
+    torch.manual_seed(subseed(seed, 0))
     encoder = m.upsample_encoder_v2.UpsampleConformerEncoderV2(**FLOW_CONFIG["encoder"])
     estimator = m.decoder_dit.DiT(**FLOW_CONFIG["estimator"])
     decoder = m.flow_matching.CausalConditionalCFM(estimator, **FLOW_CONFIG["cfm"])
@@ -285,7 +273,7 @@ def build_flow(seed: int = 0) -> tuple[torch.nn.Module, list[str]]:
 def build_hift(seed: int = 0) -> tuple[torch.nn.Module, list[str]]:
     """The real HiFTGenerator() (no arguments, as Token2wav.__init__), seeded, on the CPU."""
     m = import_stepaudio2()
-    torch.manual_seed(_subseed(seed, 1))
+    torch.manual_seed(subseed(seed, 1))
     hift = m.hifigan.HiFTGenerator(**HIFT_KWARGS)
     refilled = _fill_all_zero_params(hift, ZERO_PARAM_FILL_STD)
     return hift, refilled
@@ -299,7 +287,7 @@ def make_prompt(seed: int, prompt_frames: int, device: torch.device) -> tuple[to
     """
     if prompt_frames % 2:
         raise ValueError("prompt_frames must be even (2 mel frames per token)")
-    g = torch.Generator().manual_seed(_subseed(seed, 2))
+    g = torch.Generator().manual_seed(subseed(seed, 2))
     n_tok = prompt_frames // 2
     tokens = torch.randint(0, VOCAB_SIZE, (1, n_tok), generator=g, dtype=torch.int32)
     mels = torch.randn(1, prompt_frames, MEL_BINS, generator=g)
@@ -517,7 +505,7 @@ def token_stream(
     """
     if n_chunks < 1:
         raise ValueError("n_chunks must be >= 1")
-    g = torch.Generator().manual_seed(_subseed(seed, 3))
+    g = torch.Generator().manual_seed(subseed(seed, 3))
     total = n_chunks * chunk_tokens + lookahead
     ids = torch.randint(0, VOCAB_SIZE, (total,), generator=g).tolist()
     return [

@@ -1,0 +1,130 @@
+"""From worker records to the numbers of a sweep: per-run metrics, the per-arm summary
+(the ``arms`` object tools read), the markdown tables and the p95-vs-N plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+GIB = 2**30
+
+
+def _f(v: Any) -> float | None:
+    return None if v is None or pd.isna(v) else round(float(v), 3)
+
+
+def exactness(results: Sequence[dict], refs: Mapping[str, dict], keys: Sequence[str]) -> dict:
+    """Each session's stream hashes against its solo reference (where there is one)."""
+    hashed = exact = 0
+    differ = []
+    for r in results:
+        for i, h in (r.get("hashes") or {}).items():
+            ref = refs.get(str(i))
+            if ref is None:
+                continue
+            hashed += 1
+            same = all(h.get(k) is not None and h.get(k) == ref.get(k) for k in keys)
+            exact += same
+            differ += [] if same else [int(i)]
+    return {"sessions_hashed": hashed, "sessions_exact": exact, "sessions_differing": differ}
+
+
+def run_metrics(results: Sequence[dict], deadline_ms: float, busy: float | None) -> dict:
+    """Latency (arrival -> output), misses, first packets, memory of one (arm, N) run."""
+    chunks = pd.concat([pd.DataFrame(r.get("chunks") or {}) for r in results], ignore_index=True)
+    lat = chunks.get("latency_ms", pd.Series(dtype=float))
+    first = lat[chunks["k"] == 0] if "k" in chunks else lat
+    peaks = [r.get("peak_mib") for r in results]
+    return {
+        "chunks": int(len(lat)),
+        **{f"p{q}_ms": _f(lat.quantile(q / 100)) for q in (50, 95, 99)},
+        "max_ms": _f(lat.max()),
+        "misses": int((lat > deadline_ms).sum()),
+        "turns": int(len(first)),
+        **{f"first_packet_p{q}_ms": _f(first.quantile(q / 100)) for q in (50, 95)},
+        "first_packet_max_ms": _f(first.max()),
+        "peak_gib": None if None in peaks else _f(sum(peaks) * 2**20 / GIB),
+        "gpu_busy_share": busy,
+        "setup_s": _f(max((r.get("setup_s") or 0.0) for r in results)),
+    }
+
+
+def arm_summary(points: Mapping[int, dict], min_run_s: float, run_s: float) -> dict:
+    """What tools read per arm: the largest N with zero misses (over a run of at least
+    ``min_run_s``), p95 at N = 16, the peak at that largest N, and exactness."""
+    ok = {n: p for n, p in points.items() if p.get("status") == "ok"}
+    clean = [n for n, p in ok.items() if p["misses"] == 0 and run_s >= min_run_s]
+    best = max(clean, default=None)
+    hashed = sum(p.get("sessions_hashed", 0) for p in ok.values())
+    exact = sum(p.get("sessions_exact", 0) for p in ok.values())
+    return {
+        "max_sessions_at_cadence": best,
+        "p95_ms_at_16": ok.get(16, {}).get("p95_ms"),
+        "peak_gib_at_max": ok[best]["peak_gib"] if best is not None else None,
+        "all_sessions_exact": (exact == hashed) if hashed else None,
+        "sessions_hashed": hashed,
+    }
+
+
+def markdown(doc: dict) -> str:
+    s = doc["settings"]
+    arms = pd.DataFrame.from_dict(doc["arms"], orient="index").drop(
+        columns=["what"], errors="ignore"
+    )
+    points = pd.DataFrame(
+        [{"arm": a, "N": int(n), **p} for a, ps in doc["per_n"].items() for n, p in ps.items()]
+    )
+    cols = [
+        "arm",
+        "N",
+        "status",
+        "p50_ms",
+        "p95_ms",
+        "p99_ms",
+        "misses",
+        "chunks",
+        "first_packet_p95_ms",
+        "gpu_busy_share",
+        "peak_gib",
+        "sessions_exact",
+        "sessions_hashed",
+    ]
+    lines = [
+        f"# Paced sessions: {doc['workload']} on {doc.get('gpu')}",
+        "",
+        f"- command: `{doc['command']}`; git `{doc.get('git_commit')}`; torch {doc.get('torch')}",
+        f"- trace seed {s['seed']}, {s['duration_s']} s per run, one chunk per "
+        f"{s['period_s']} s during a turn, deadline {s['deadline_ms']} ms; sessions arrive "
+        f"over {s['ramp_s']} s; references: each of the first {s['references']} sessions "
+        f"alone on {doc['reference_arm']} in a fresh process",
+        "",
+        arms.to_markdown() if len(arms) else "(no arm ran)",
+        "",
+    ]
+    if len(points):
+        points = points.reindex(columns=cols).sort_values(["arm", "N"])
+        lines += [points.to_markdown(index=False, floatfmt=".3g"), ""]
+    lines += [f"- skipped: {k['arm']} N={k['n']}: {k['why']}" for k in doc.get("skipped", [])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for arm, ps in doc["per_n"].items():
+        pts = sorted((int(n), p["p95_ms"]) for n, p in ps.items() if p.get("p95_ms") is not None)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=arm)
+    ax.axhline(doc["settings"]["deadline_ms"], color="grey", ls="--", lw=0.8, label="deadline")
+    ax.set(xlabel="concurrent sessions N", ylabel="chunk latency p95 (ms)", yscale="log")
+    ax.set_title(f"{doc['workload']}: p95 arrival-to-output latency vs N, {doc.get('gpu')}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,240 @@
+"""Statistics of a matched-block benchmark: per-block rows, paired ratios, aggregation.
+
+Pure functions over the plain dicts workers print (no torch, no model), on one long
+pandas table: a row per (cell, block). Conventions (DESIGN §6):
+
+* A *block* runs every cell once, each in a fresh process, on one seed and input
+  stream. Within a block, a cell's latency is the median (p50) and the 95th
+  percentile (p95, linear interpolation) of its window's per-step wall times; other
+  per-step quantities (busy time, kernel counts, part split) are per-block medians.
+* Across blocks, a cell's headline number is the median of its per-block values.
+* Paired ratios against a reference cell are formed per block (cell / ref in the same
+  block) and summarised by their geometric mean with a 95 % t-interval on the log
+  ratios (``scipy.stats.t``, df = blocks - 1, exponentiated back); none with one block.
+* ``exact``: in every block where the reference ran, the cell ran and every declared
+  output stream's SHA-256 equals the reference's. ``counts_as_result`` is ``exact``
+  and ran in every block; a cell without it is reported, never claimed.
+* Status: ``ok`` (every block), ``partial`` (some), ``failed`` (none ran through),
+  ``skipped`` (none was launched).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from . import replay
+from .workload import Workload
+
+
+def _num(v: Any) -> float | None:
+    """A finite float, or None (pandas' NaN included)."""
+    if v is None:
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def median(values: Iterable[Any]) -> float | None:
+    return _num(pd.Series([_num(v) for v in values], dtype=float).median())
+
+
+def paired_ratio(num: Sequence[Any], den: Sequence[Any]) -> dict | None:
+    """Per-block ratios num[i] / den[i], their geometric mean and a 95 % t-interval.
+    Pairs with a missing or non-positive member are dropped; None when none is left."""
+    pairs = pd.DataFrame(
+        [(_num(a), _num(b)) for a, b in zip(num, den)], columns=["num", "den"], dtype=float
+    )
+    pairs = pairs[(pairs.num > 0) & (pairs.den > 0)]
+    if pairs.empty:
+        return None
+    ratios = pairs.num / pairs.den
+    logs = np.log(ratios)
+    n = len(ratios)
+    out: dict[str, Any] = {
+        "n": n,
+        "ratios": [float(r) for r in ratios],
+        "geomean": float(np.exp(logs.mean())),
+        "median": float(ratios.median()),
+        "ci95": None,
+        "ci_method": "one block: no interval",
+    }
+    if n >= 2:
+        half = sps.t.ppf(0.975, n - 1) * logs.std(ddof=1) / math.sqrt(n)
+        out["ci95"] = [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))]
+        out["ci_method"] = f"t-interval on log ratios over {n} blocks (df={n - 1})"
+    return out
+
+
+def block_row(wl: Workload, res: Mapping[str, Any] | None) -> dict:
+    """One worker's raw result -> the per-block numbers of that cell."""
+    if not res or res.get("status") != "ok":
+        return {"ok": False, "status": (res or {}).get("status", "missing")}
+    u = wl.unit
+    w = pd.Series(res.get("window_ms") or [], dtype=float)
+    split, prof = res.get("split") or {}, res.get("profile") or {}
+    mem, timings = res.get("memory") or {}, res.get("timings_s") or {}
+    parts = [*wl.parts, "other"] if wl.parts else []
+    return {
+        "ok": True,
+        "status": "ok",
+        "p50_ms": _num(w.median()),
+        "p95_ms": _num(w.quantile(0.95)),
+        "mean_ms": _num(w.mean()),
+        "min_ms": _num(w.min()),
+        "max_ms": _num(w.max()),
+        **{f"{p}_ms": median(split.get(f"{p}_ms") or []) for p in parts},
+        "busy_ms": prof.get("busy_ms"),
+        **{f"{p}_busy_ms": prof.get(f"{p}_busy_ms") for p in wl.parts},
+        **{f"{k}_per_{u}": prof.get(f"{k}_per_{u}") for k in PER_STEP_COUNTS},
+        "peak_mib": mem.get("process_peak_mib"),
+        "window_peak_mib": mem.get("window_peak_mib"),
+        "peak_reserved_mib": mem.get("process_peak_reserved_mib"),
+        "setup_s": timings.get("setup"),
+        "build_s": timings.get("build"),
+        "capture_s": (res.get("replay") or {}).get("capture_s"),
+        "worker_wall_s": res.get("process_wall_s", res.get("worker_wall_s")),
+        **{s.key: res.get(s.key) for s in wl.streams},
+    }
+
+
+PER_STEP_COUNTS = ("kernels", "kernel_launch_calls", "graph_launch_calls")
+RATIO_METRICS = {
+    "p50_ratio": "p50_ms",
+    "p95_ratio": "p95_ms",
+    "peak_ratio": "peak_mib",
+    "window_peak_ratio": "window_peak_mib",
+    "busy_ratio": "busy_ms",
+}
+
+
+def first_divergence(wl: Workload, a: Mapping, b: Mapping) -> dict | None:
+    """The first step whose SHA of some stream differs between two ok results."""
+    keys = [(s.name, s.step_key) for s in wl.streams]
+    if any(len(a.get(k) or []) != len(b.get(k) or []) for _, k in keys):
+        return {"what": keys[0][1], wl.unit: None, "note": f"different {wl.unit} counts"}
+    for i in range(len(a.get(keys[0][1]) or [])):
+        for name, k in keys:
+            if a[k][i] != b[k][i]:
+                return {"what": name, wl.unit: i}
+    return None
+
+
+def exactness(wl: Workload, cell: str, raw: list, ref_raw: list, blocks: list) -> dict:
+    """``exact`` against the reference, block by block where the reference ran."""
+    ok = [bool(r and r.get("status") == "ok") for r in raw]
+    if cell == wl.reference:
+        return {"exact": any(ok), "exact_note": "reference"}
+    keys = [s.key for s in wl.streams]
+    compared = equal = uncompared = 0
+    divergence = []
+    for i, (r, e) in enumerate(zip(raw, ref_raw)):
+        if not (e and e.get("status") == "ok"):
+            uncompared += ok[i]
+            continue
+        compared += 1
+        same = ok[i] and all(r.get(k) is not None and r.get(k) == e.get(k) for k in keys)
+        equal += same
+        if ok[i] and not same:
+            d = first_divergence(wl, r, e) or {}
+            divergence.append({"block": blocks[i].get("block", i), **d})
+    out: dict[str, Any] = {
+        "exact": compared > 0 and equal == compared,
+        "exact_blocks": f"{equal}/{compared}",
+    }
+    if uncompared:
+        out["exact_note"] = f"{uncompared} block(s) without a {wl.reference} result to compare"
+    if divergence:
+        out["first_divergence"] = divergence
+    return out
+
+
+def _status(rows: list[dict]) -> str:
+    n_ok = sum(r["ok"] for r in rows)
+    if n_ok:
+        return "ok" if n_ok == len(rows) else "partial"
+    bad = {r["status"] for r in rows}
+    return "skipped" if bad and bad <= {"skipped", "missing"} else "failed"
+
+
+def _errors(blocks: list, raw: list) -> list[dict]:
+    return [
+        {
+            "block": b.get("block"),
+            "status": (r or {}).get("status", "missing"),
+            "error": (r or {}).get("error") or ("no result" if not r else None),
+            **({"reason": r["reason"]} if r and r.get("reason") else {}),
+        }
+        for b, r in zip(blocks, raw)
+        if not r or r.get("status") != "ok"
+    ]
+
+
+def aggregate(wl: Workload, blocks: Sequence[Mapping[str, Any]], cells: Sequence[str]) -> dict:
+    """{cell: summary} across ``blocks`` (``{"block", "seed", "results": {cell: result}}``)."""
+    blocks = list(blocks)
+    names = list(dict.fromkeys([*cells, *wl.refs]))
+    raw = {c: [(b.get("results") or {}).get(c) for b in blocks] for c in names}
+    rows = {c: [block_row(wl, r) for r in raw[c]] for c in names}
+    hashes = {s.key for s in wl.streams}
+    numeric = [k for k in block_row(wl, {"status": "ok"}) if k not in ("ok", "status", *hashes)]
+    table = pd.DataFrame(
+        [{"cell": c, "i": i, **row} for c in names for i, row in enumerate(rows[c])],
+        columns=["cell", "i", "ok", "status", *numeric],
+    )
+    table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce")
+    medians = table[table.ok.astype(bool)].groupby("cell")[numeric].median()
+    wide = {m: table.pivot(index="i", columns="cell", values=m) for m in RATIO_METRICS.values()}
+    out = {}
+    for c in cells:
+        s = _cell_summary(wl, c, rows[c], medians, wide, raw, blocks)
+        s["per_block"] = rows[c]
+        out[c] = s
+    return out
+
+
+def _cell_summary(wl, c, rows, medians, wide, raw, blocks) -> dict:  # noqa: ANN001
+    n_ok = sum(r["ok"] for r in rows)
+    s: dict[str, Any] = {"status": _status(rows), "blocks_ok": f"{n_ok}/{len(rows)}"}
+    for m in medians.columns:
+        s[m] = _num(medians.loc[c, m]) if c in medians.index else None
+    for st in wl.streams:
+        by_block = [r.get(st.key) if r["ok"] else None for r in rows]
+        s[st.key] = by_block[0] if by_block else None
+        s[st.key + "_by_block"] = by_block
+    s.update(exactness(wl, c, raw[c], raw[wl.reference], blocks))
+    s["counts_as_result"] = s["status"] == "ok" and bool(s["exact"])
+    busy, p50 = s.get("busy_ms"), s.get("p50_ms")
+    s["wall_over_busy"] = p50 / busy if busy and p50 else None
+    s["host_slack"] = 1.0 - busy / p50 if busy and p50 else None
+    for ref in wl.refs:
+        if c == ref:
+            continue
+        for name, m in RATIO_METRICS.items():
+            s[f"{name}_vs_{ref}"] = paired_ratio(_col(wide[m], c), _col(wide[m], ref))
+        s[f"speedup_vs_{ref}"] = paired_ratio(_col(wide["p50_ms"], ref), _col(wide["p50_ms"], c))
+    s["replay"] = replay.summary(raw[c])
+    s.update(wl.cell_summary(raw[c]))
+    errors = _errors(blocks, raw[c])
+    if errors:
+        s["errors"] = errors
+        why = [e.get("reason") or e.get("error") for e in errors]
+        s["reason"] = next((w for w in why if w), None)
+    return s
+
+
+def _col(wide: pd.DataFrame, cell: str) -> list:
+    return list(wide[cell]) if cell in wide.columns else []
+
+
+def rotate(cells: Sequence[str], k: int) -> list[str]:
+    """Cell order of block ``k``: the list rotated left by ``k`` (a cyclic Latin square)."""
+    cells = list(cells)
+    if not cells:
+        return []
+    k %= len(cells)
+    return cells[k:] + cells[:k]

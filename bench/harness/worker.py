@@ -1,0 +1,317 @@
+"""A worker process: one (block, cell), phase by phase, one JSON line on stdout.
+
+Phases, in order (everything after the build streams the same seeded inputs):
+
+1. ``import``: the determinism envelope is pinned (``duplexcadence.runtime``'s
+   ``pin_determinism``, restored when the worker ends) and the workload's ``Run``
+   made (it imports the released package and prepares the inputs);
+2. ``build``, 3. ``setup`` (bind, capture or a control's set-up; outside the window;
+   if set-up moved a pinned flag, it is pinned again and that is recorded);
+4. ``warmup``: steps timed one by one (``warmup_ms``);
+5. ``window``: the measured steps, each timed with ``time.perf_counter`` between two
+   ``torch.cuda.synchronize()`` calls (CUDA) and nothing else added; the outputs are
+   hashed after the second synchronisation, outside the timing;
+6. ``split`` (workloads with ``parts``): steps with each part synchronised and timed;
+7. ``profile`` (CUDA): steps under ``torch.profiler`` (``bench.harness.profile``);
+   on CPU the same steps run uninstrumented;
+8. ``final``: the workload's untimed last steps (a last chunk).
+
+Memory (CUDA): ``max_memory_allocated`` reset at each phase boundary; the process peak
+is the maximum over phases, the window peak that of phase 5. Every step's outputs
+are hashed per declared stream (SHA-256 over the whole stream and per step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import inspect
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Mapping
+
+from duplexcadence.runtime import determinism_settings, pin_determinism
+from duplexcadence.runtime.controls import DISABLE_ENV
+
+from . import replay
+from .process import json_default
+from .profile import profile_pass, timed_parts
+from .workload import Cell, CellFailed, Stream, WorkerContext, Workload
+
+MIB = 2**20
+# The envelope every cell runs under is pin_determinism()'s own defaults: the flags it
+# pins (those left at None it leaves as found), in determinism_settings()'s keys.
+ENVELOPE = {
+    k: p.default
+    for k, p in inspect.signature(pin_determinism).parameters.items()
+    if p.default is not None
+}
+
+
+def envelope_holds(settings: Mapping[str, Any]) -> bool:
+    return all(settings.get(k) == v for k, v in ENVELOPE.items())
+
+
+class MemTracker:
+    """Peak allocated/reserved MiB per phase (CUDA); the process peak is their max."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.cuda = torch.cuda if device.type == "cuda" else None
+        self.device, self.current = device, None
+        self.peaks: dict[str, float] = {}
+        self.reserved: dict[str, float] = {}
+
+    def phase(self, name: str | None) -> None:
+        if self.cuda is None:
+            return
+        self.cuda.synchronize(self.device)
+        if self.current is not None:
+            self.peaks[self.current] = self.cuda.max_memory_allocated(self.device) / MIB
+            self.reserved[self.current] = self.cuda.max_memory_reserved(self.device) / MIB
+        self.current = name
+        self.cuda.reset_peak_memory_stats(self.device)
+
+    def allocated_mib(self) -> float | None:
+        return None if self.cuda is None else self.cuda.memory_allocated(self.device) / MIB
+
+    def summary(self) -> dict | None:
+        if self.cuda is None:
+            return None
+        return {
+            "process_peak_mib": max(self.peaks.values(), default=None),
+            "process_peak_reserved_mib": max(self.reserved.values(), default=None),
+            "window_peak_mib": self.peaks.get("window"),
+            "phase_peak_mib": dict(self.peaks),
+            "phase_peak_reserved_mib": dict(self.reserved),
+        }
+
+
+class Hashes:
+    """SHA-256 of each declared stream, over the whole stream and per step."""
+
+    def __init__(self, streams: tuple[Stream, ...]) -> None:
+        self.streams = streams
+        self.whole = {s.name: hashlib.sha256() for s in streams}
+        self.steps: dict[str, list] = {s.name: [] for s in streams}
+        self.values: dict[str, list] = {s.name: [] for s in streams}
+        self.counts = {s.name: 0 for s in streams}
+
+    def add(self, outputs: Mapping[str, Any]) -> None:
+        import numpy as np
+
+        for s in self.streams:
+            x = outputs.get(s.name)
+            if x is None:
+                self.steps[s.name].append(None)
+                self.values[s.name].append(None)
+                continue
+            x = x.detach().cpu().numpy() if hasattr(x, "detach") else x
+            x = np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=s.dtype)
+            self.whole[s.name].update(x.tobytes())
+            self.steps[s.name].append(hashlib.sha256(x.tobytes()).hexdigest())
+            self.values[s.name].append([int(v) for v in x] if s.values_key else None)
+            self.counts[s.name] += x.size
+
+    def record(self) -> dict:
+        out: dict[str, Any] = {}
+        for s in self.streams:
+            out[s.key], out[s.step_key] = self.whole[s.name].hexdigest(), self.steps[s.name]
+            if s.values_key:
+                out[s.values_key] = self.values[s.name]
+            if s.count_key:
+                out[s.count_key] = self.counts[s.name]
+        return out
+
+
+def resolve_device(args: Any, cell: Cell) -> Any:
+    import torch
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda but torch.cuda.is_available() is False")
+        if device.index is not None:
+            torch.cuda.set_device(device)
+        device = torch.device("cuda", torch.cuda.current_device())
+    elif cell.needs_cuda:
+        raise CellFailed(f"cell {cell.name} needs CUDA", f"--device {args.device}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return device
+
+
+def env_keys(wl: Workload) -> list[str]:
+    """The environment variables cells set or unset (recorded in every result)."""
+    return sorted({DISABLE_ENV, *wl.base_env, *(k for c in wl.cells for k in c.env)})
+
+
+class Phases:
+    """The worker's phases over one ``Run`` (the module docstring)."""
+
+    def __init__(self, wl: Workload, ctx: WorkerContext) -> None:
+        self.wl, self.ctx, self.result = wl, ctx, ctx.result
+        self.n = wl.counts(ctx.args)
+        self.mem, self.hashes = MemTracker(ctx.device), Hashes(wl.streams)
+        self.flags: dict[str, dict] = {}
+        self.timings: dict[str, float] = {}
+        self.t0 = time.perf_counter()
+
+    def sync(self) -> None:
+        if self.mem.cuda is not None:
+            self.mem.cuda.synchronize(self.ctx.device)
+
+    def enter(self, name: str | None) -> None:
+        if name is not None:
+            self.result["phase"] = name
+            elapsed = time.perf_counter() - self.t0
+            print(f"worker {self.ctx.cell.name}: {name} ({elapsed:.1f} s)", file=sys.stderr)
+        self.mem.phase(name)
+
+    def steps(self, n: int) -> list[float]:
+        ms = []
+        for _ in range(n):
+            self.sync()
+            t0 = time.perf_counter()
+            out = self.run.step()
+            self.sync()
+            ms.append((time.perf_counter() - t0) * 1e3)
+            self.hashes.add(out)
+        return ms
+
+    def timed(self, phase: str, fn: Any, key: str | None = None) -> Any:
+        """Run a phase as a whole, timed into ``timings_s`` (its output under ``key``)."""
+        self.enter(phase)
+        t0 = time.perf_counter()
+        out = fn()
+        self.sync()
+        self.timings[phase] = time.perf_counter() - t0
+        if key is not None:
+            self.result[key] = out
+        self.run.after(phase)
+        return out
+
+    def settings(self, when: str) -> dict:
+        self.flags[when] = determinism_settings(self.ctx.device)
+        return self.flags[when]
+
+    def prepare(self) -> None:
+        self.result.update(determinism_flags=self.flags, timings_s=self.timings)
+        self.settings("start")
+        self.enter("import")
+        self.run = self.wl.start(self.ctx)
+        self.timed("build", self.run.build)
+        before = self.mem.allocated_mib()
+        self.binding = self.timed("setup", self.run.setup)
+        if before is not None:
+            self.ctx.setup["allocated_delta_mib"] = self.mem.allocated_mib() - before
+        if not envelope_holds(self.settings("after_setup")):
+            self.flags["repinned_after_setup"] = self.ctx.stack.enter_context(pin_determinism())
+
+    def measure(self) -> None:
+        unit, n, r = self.wl.unit, self.n, self.result
+        self.timed("warmup", lambda: self.steps(n["warmup"]), key="warmup_ms")
+        self.enter("window")
+        gc.collect()
+        self.settings("window")
+        before = replay.counts(self.binding)
+        self.mem.phase("window")
+        r["window_start_allocated_mib"] = self.mem.allocated_mib()
+        r["window_ms"] = self.steps(n["window"])
+        r["replay"] = replay.record(self.binding, before)
+        self.run.after("window")
+        if self.wl.parts:
+            self.enter("split")
+            part_ms: dict[str, list[float]] = {p: [] for p in self.wl.parts}
+            with timed_parts(self.run.model, self.wl.parts, self.sync, part_ms, annotate=False):
+                total = self.steps(n["split"])
+            r["split"] = {f"{unit}_ms": total, **{f"{p}_ms": v for p, v in part_ms.items()}}
+            r["split"]["other_ms"] = [t - sum(v) for t, *v in zip(total, *part_ms.values())]
+        self.enter("profile")
+        r["profile"] = None
+        if n["profile"] and self.mem.cuda is not None:
+            step = lambda: self.hashes.add(self.run.step())  # noqa: E731
+            parts = (self.run.model, self.wl.parts)
+            r["profile"] = profile_pass(step, self.sync, n["profile"], unit, *parts)
+        else:
+            self.steps(n["profile"])
+        self.enter("final")
+        self.steps(n["final"])
+        self.enter(None)
+
+    def finish(self) -> None:
+        r, binding = self.result, self.binding
+        self.settings("end")
+        r["determinism"] = self.flags["window"]
+        r["determinism_ok"] = all(envelope_holds(self.flags[k]) for k in ("start", "window", "end"))
+        r["memory"] = self.mem.summary()
+        r.update(self.hashes.record())
+        if binding is not None:
+            r.update(binding_stats=binding.stats(), binding_report=binding.report())
+        self.run.finish(r)
+        r.update(phase="done", status="ok")
+
+
+def run_worker(wl: Workload, args: Any, result: dict) -> None:
+    import torch
+
+    cell = wl.cell(args.cell)
+    device = resolve_device(args, cell)
+    s = determinism_settings(device)
+    result.update(
+        device=str(device),
+        device_name=s["device"] if device.type == "cuda" else "cpu",
+        **{k: s[k] for k in ("torch", "cuda", "cudnn")},
+        threads=torch.get_num_threads(),
+        hostname=socket.gethostname(),
+        env={k: os.environ.get(k) for k in env_keys(wl)},
+    )
+    n_steps = sum(wl.counts(args).values())
+    result[f"n_{wl.unit}s_streamed"] = n_steps
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(pin_determinism())
+        result["setup"] = {}
+        phases = Phases(
+            wl, WorkerContext(args, cell, device, result, result["setup"], stack, n_steps)
+        )
+        phases.prepare()
+        phases.measure()
+        phases.finish()
+
+
+def failure_record(cell: Cell, e: BaseException, phase: str | None) -> dict:
+    """The status fields of a worker that raised: "failed" (with a reason) for a cell
+    that cannot run as asked -- CellFailed, or anything a cell with a ``failure``
+    reason raises -- else "error"."""
+    out = {"status": "error", "error": f"{type(e).__name__}: {e}", "failed_phase": phase}
+    if isinstance(e, CellFailed):
+        out.update(status="failed", reason=e.reason)
+    elif cell.failure and not isinstance(e, KeyboardInterrupt):
+        out.update(status="failed", reason=f"{cell.failure} raised in phase {phase!r}")
+    return out
+
+
+def worker_main(wl: Workload, args: Any) -> dict:
+    """Run the worker and print its result as one JSON line (vendor prints go to
+    stderr, so stdout holds only that line); returns the result."""
+    real_stdout, t0 = sys.stdout, time.perf_counter()
+    result: dict[str, Any] = {"cell": args.cell, "block": args.block, "seed": args.seed}
+    result.update(status="error", pid=os.getpid())
+    result["settings"] = {d: getattr(args, d) for d in [*wl.dests().values(), *wl.measure_flags]}
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            run_worker(wl, args, result)
+        except BaseException as e:  # noqa: BLE001 - the driver records whatever happened
+            result.update(failure_record(wl.cell(args.cell), e, result.get("phase")))
+            result["traceback"] = traceback.format_exc()
+            traceback.print_exc()
+    result["worker_wall_s"] = time.perf_counter() - t0
+    real_stdout.write(json.dumps(result, default=json_default) + "\n")
+    real_stdout.flush()
+    return result

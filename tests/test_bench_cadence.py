@@ -1,0 +1,248 @@
+"""The paced cadence harness (bench/cadence) on the CPU with the fake session workload
+(tests/fake_sessions.py): the seeded trace, paced clients against the clock, the run
+order and budget, the metrics and the per-arm summary, and one small sweep of real
+worker processes (both shapes, solo references, exactness per session)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("pandas", reason="the benchmark harness needs: pip install -e '.[bench]'")
+
+import fake_sessions  # noqa: E402
+import torch  # noqa: E402
+
+from bench.cadence import TraceSettings, cli, session, summary, sweep, trace  # noqa: E402
+from bench.cadence.serve import Client  # noqa: E402
+
+FAST = TraceSettings(
+    seed=3,
+    duration_s=0.8,
+    period_s=0.05,
+    ramp_s=0.2,
+    turn_chunks=(2, 5),
+    silence_s=(0.05, 0.1),
+    p_reset=1.0,
+)
+
+
+def test_trace_is_seeded_per_session_and_paced():
+    s = TraceSettings(seed=1, duration_s=60.0)
+    assert trace(s, 3)[2] == trace(s, 40)[2] == session(s, 2)  # independent of N
+    assert session(s, 2) != session(TraceSettings(seed=2, duration_s=60.0), 2)
+    for spec in trace(s, 8):
+        c = spec.chunks
+        assert c[0].arrival_s == pytest.approx(spec.arrival_s + s.period_s) and c[0].turn == 0
+        assert [x.seq for x in c] == list(range(len(c))) and c[-1].arrival_s < s.duration_s
+        for a, b in zip(c, c[1:]):
+            if b.turn == a.turn:
+                assert b.arrival_s - a.arrival_s == pytest.approx(s.period_s) and b.k == a.k + 1
+            else:  # a silence, then a new turn whose first packet may reset
+                assert b.k == 0 and b.arrival_s - a.arrival_s > s.period_s
+        assert not any(x.reset for x in c if x.k or x.turn == 0)
+    assert any(x.reset for spec in trace(s, 8) for x in spec.chunks)
+
+
+def _serve(specs, paced: bool) -> list[Client]:
+    server = fake_sessions.Server(fake_sessions.SESSIONS.arm("stock_inproc"), torch.device("cpu"))
+    clients = [Client(server, spec, fake_sessions.SESSIONS.streams, t0=0.0) for spec in specs]
+    if paced:
+        import time
+
+        for c in clients:
+            c.t0 = time.perf_counter()
+        threads = [threading.Thread(target=c.serve) for c in clients]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    else:
+        [c.serve(paced=False) for c in clients]
+    return clients
+
+
+def test_paced_clients_keep_time_and_bytes():
+    specs = trace(FAST, 3)
+    paced, alone = _serve(specs, paced=True), _serve(specs, paced=False)
+    for p, a, spec in zip(paced, alone, specs):
+        assert p.error is None and len(p.rows) == len(spec.chunks)
+        assert [r[3] for r in p.rows] == [c.arrival_s for c in spec.chunks]
+        assert all(r[4] >= 0 for r in p.rows) and p.open_ms is not None
+        assert p.hashes.record() == a.hashes.record()  # interleaving changes no byte
+
+
+def test_order_puts_the_headline_first():
+    plan = sweep.order({"a": [1, 4, 16, 24, 32], "b": [8, 16, 36]})
+    assert plan[:2] == [("a", 16), ("b", 16)]
+    assert plan[2:5] == [("a", 24), ("b", 36), ("a", 32)]
+    assert plan[5:] == [("a", 4), ("b", 8), ("a", 1)]
+
+
+def test_metrics_and_arm_summary():
+    worker = {
+        "chunks": {"k": [0, 1, 2, 0], "latency_ms": [900.0, 50.0, 1200.0, 20.0]},
+        "peak_mib": 1024.0,
+        "hashes": {"0": {"pcm_sha256": "a"}, "1": {"pcm_sha256": "b"}, "7": {"pcm_sha256": "c"}},
+    }
+    m = summary.run_metrics([worker, worker], 1000.0, 0.5)
+    assert m["chunks"] == 8 and m["misses"] == 2 and m["turns"] == 4
+    assert m["peak_gib"] == 2.0 and m["gpu_busy_share"] == 0.5 and m["max_ms"] == 1200.0
+    crashed = summary.run_metrics([{"status": "crash"}], 1000.0, None)
+    assert crashed["chunks"] == 0 and crashed["p95_ms"] is None and crashed["peak_gib"] is None
+    ex = summary.exactness(
+        [worker], {"0": {"pcm_sha256": "a"}, "1": {"pcm_sha256": "x"}}, ["pcm_sha256"]
+    )
+    assert ex == {"sessions_hashed": 2, "sessions_exact": 1, "sessions_differing": [1]}
+    points = {
+        8: {"status": "ok", "misses": 0, "p95_ms": 80.0, "peak_gib": 3.0, **ex},
+        16: {
+            "status": "ok",
+            "misses": 0,
+            "p95_ms": 120.0,
+            "peak_gib": 5.0,
+            "sessions_hashed": 2,
+            "sessions_exact": 2,
+        },
+        24: {"status": "ok", "misses": 3, "p95_ms": 1500.0, "peak_gib": 7.0},
+        32: {"status": "failed"},
+    }
+    a = summary.arm_summary(points, 60.0, 60.0)
+    assert a == {
+        "max_sessions_at_cadence": 16,
+        "p95_ms_at_16": 120.0,
+        "peak_gib_at_max": 5.0,
+        "all_sessions_exact": False,
+        "sessions_hashed": 4,
+    }
+    assert summary.arm_summary(points, 60.0, 30.0)["max_sessions_at_cadence"] is None  # too short
+
+
+def test_budget_skips_what_does_not_fit(monkeypatch, tmp_path):
+    launched = []
+
+    def fake_launch(wl, args, arm, groups, unpaced):
+        launched.append((arm, len(groups), unpaced))
+        n = sum(map(len, groups))
+        chunks = {"k": [0] * n, "latency_ms": [10.0] * n}
+        return [
+            {
+                "status": "ok",
+                "setup_s": 1.0,
+                "chunks": chunks,
+                "peak_mib": None,
+                "hashes": {str(i): {"pcm_sha256": "h"} for g in groups for i in g},
+            }
+        ]
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    clock = [0.0]
+    monkeypatch.setattr(sweep.time, "perf_counter", lambda: clock[0])
+    args = cli.parse_args(
+        [
+            "--workload",
+            "tests.fake_sessions",
+            "--arms",
+            "stock_inproc",
+            "--n",
+            "4,16,24",
+            "--duration",
+            "60",
+            "--time-budget",
+            "100",
+            "--references",
+            "1",
+            "--setup-estimate",
+            "10",
+            "--out",
+            str(tmp_path / "s"),
+        ]
+    )
+    args.arm_n = {"stock_inproc": [4, 16, 24]}
+    run = sweep.Sweep(fake_sessions.SESSIONS, args, None, sweep.GpuSampler(99))
+    orig = run.run
+
+    def timed_run(arm, n):
+        clock[0] += 61.0
+        return orig(arm, n)
+
+    run.run = timed_run
+    run.sweep()
+    assert launched == [("stock_procs", 1, True), ("stock_inproc", 1, False)]
+    assert [(s["arm"], s["n"]) for s in run.skipped] == [("stock_inproc", 24), ("stock_inproc", 4)]
+    doc = run.write(complete=True)
+    assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
+    assert doc["arms"]["stock_inproc"]["p95_ms_at_16"] == 10.0 and doc["gpu"] is None
+
+
+def test_a_small_sweep_of_real_workers(tmp_path):
+    out = tmp_path / "sessions_fake"
+    argv = [
+        "--workload",
+        "tests.fake_sessions",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--arms",
+        "stock_procs,forgetful_inproc",
+        "--n",
+        "2",
+        "--duration",
+        "1.2",
+        "--period",
+        "0.05",
+        "--ramp",
+        "0.1",
+        "--turn-chunks",
+        "2,4",
+        "--silence",
+        "0.05,0.1",
+        "--p-reset",
+        "1",
+        "--deadline-ms",
+        "5000",
+        "--references",
+        "2",
+        "--reference-batch",
+        "2",
+        "--setup-estimate",
+        "5",
+        "--quiet-workers",
+        "--out",
+        str(out),
+    ]
+    assert cli.main(argv) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    arms = doc["arms"]
+    for name in ("stock_procs", "forgetful_inproc"):
+        assert set(arms[name]) >= {
+            "max_sessions_at_cadence",
+            "p95_ms_at_16",
+            "peak_gib_at_max",
+            "all_sessions_exact",
+            "sessions_hashed",
+        }
+        assert arms[name]["sessions_hashed"] == 2
+    assert arms["stock_procs"]["all_sessions_exact"] is True  # its own reference
+    assert arms["forgetful_inproc"]["all_sessions_exact"] is False  # ignores resets
+    point = doc["per_n"]["stock_procs"]["2"]
+    assert point["status"] == "ok" and point["chunks"] == sum(
+        len(s.chunks) for s in trace(cli.trace_settings(cli.parse_args(argv)), 2)
+    )
+    assert len(doc["runs"][-1]["workers"]) == 1 and sorted(doc["references"]["fake_sessions"]) == [
+        "0",
+        "1",
+    ]
+    assert (
+        out.with_suffix(".png").stat().st_size > 1000
+        and "forgetful_inproc" in out.with_suffix(".md").read_text()
+    )
+
+    # a second call adds an arm to the same document; the references are not run again
+    more = argv[: argv.index("--arms")] + ["--arms", "stock_inproc", "--n", "1", "--resume"]
+    assert cli.main(more + argv[argv.index("--duration") :]) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert set(doc["arms"]) == {"stock_procs", "forgetful_inproc", "stock_inproc"}
+    assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
+    assert len(doc["commands"]) == 2 and sum(bool(r.get("reference")) for r in doc["runs"]) == 1
