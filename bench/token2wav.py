@@ -40,6 +40,7 @@ class T2WCell(Cell):
     replay: bool = False
     adapter: str = "stepaudio2_token2wav"
     bind_before_priming: bool = True
+    float16: bool = False  # the vendor's own switch: the flow runs under autocast(fp16)
 
 
 STEP, REPLAY_ONLY = "stepaudio2_token2wav_step", "stepaudio2_token2wav_replay_only"
@@ -86,6 +87,21 @@ CELLS = (
         "solver) and hift.forward captured, one graph per catalog class; misses run eager",
         bind=True,
         replay=True,
+    ),
+    T2WCell(
+        "B0_fp16",
+        "stock with the vendor's Token2wav.float16 = True: stream() runs the flow under "
+        'torch.amp.autocast("cuda", dtype=float16)',
+        float16=True,
+    ),
+    T2WCell(
+        "SRc_fp16",
+        "SRc with Token2wav.float16 = True: the flow classes captured under the declared "
+        "ambient state autocast(cuda, float16) replay (the contract captures both states)",
+        bind=True,
+        replay=True,
+        float16=True,
+        exact_against="B0_fp16",
     ),
     T2WCell(
         "vendor_bucket",
@@ -284,6 +300,7 @@ class Token2WavRun:
 
     def setup(self) -> Any:
         t2w, info, name = self.model, self.ctx.setup, self.cell.name
+        t2w.float16 = self.cell.float16
         if self.cell.bind:
             if self.binding is None:  # binds the primed model, keeping its stock buffers
                 self._bind(t2w)

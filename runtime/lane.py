@@ -134,9 +134,10 @@ class Lane:
                 for c in k.counters
             ],
             ambient=k.ambient,
-            # lane 0 warmed up kernels, allocator and libraries; a later lane's probe on
-            # its own stream is its warm-up (it makes that stream's cuBLAS workspace)
+            # lane 0 classifies effects and warms kernels, allocator and libraries; a later
+            # lane warms its own stream once (its cuBLAS workspace) and then only captures
             warmup=2 if self.index == 0 else 1,
+            like=None if self.index == 0 else b.lanes[0].engines.get(k.name),
         )
 
     def _eager_body(self, k: CallableDecl) -> Callable:

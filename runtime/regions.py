@@ -136,7 +136,7 @@ class Region:
         same place here, take its host state (a carry's live length), return the view.
         This is how a session's state enters a lane (sessions.py)."""
         view = self.same_view(t)
-        view.copy_(t)
+        view.copy_(t, non_blocking=True)  # from pinned host memory too: ordered on the stream
         if host_state is not None:
             self._set_host_state(host_state)
         return view

@@ -110,6 +110,7 @@ class ExactShapeReplay:
         backend: GraphBackend | None = None,
         counters: tuple[HostCounter, ...] | list[HostCounter] = (),
         ambient: tuple[Autocast, ...] | list[Autocast] = (AUTOCAST_OFF,),
+        like: "ExactShapeReplay | None" = None,
     ) -> None:
         names = [c.name for c in classes]
         if len(set(names)) != len(names):
@@ -127,7 +128,11 @@ class ExactShapeReplay:
         self.ambient = tuple(ambient)
         if not self.ambient or len(set(self.ambient)) != len(self.ambient):
             raise ValueError(f"{name}: ambient states must be distinct and non-empty")
-        self.host_constants = HostConstants(device)
+        # ``like``: the same callable's engine on another lane, already captured. Its
+        # effect classification and host-constant buffers (read-only) are reused, so
+        # this engine warms its own stream once and then captures without eager calls
+        self.like = like
+        self.host_constants = like.host_constants if like is not None else HostConstants(device)
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
         self.effect: Effect | None = None
         self.rejected: str | None = None
@@ -162,6 +167,8 @@ class ExactShapeReplay:
             LOGGER.info("%s: replay disabled, nothing captured", self.name)
             return self
         self.captured = True
+        if self.like is not None and self.like.rejected is not None:
+            self.rejected = self.like.rejected
         if not self.backend.available(self.device):
             self.rejected = R.NO_CUDA
             for e in self._entries:
@@ -238,6 +245,7 @@ class ExactShapeReplay:
             # is read before the engine's own torch-function mode (hoist.py) is entered
             with torch.no_grad(), e.ambient.context(dev.type):
                 e.ambient_key = ambient_state(dev.type)
+                e.inputs = (args, kwargs)
                 with self.host_constants:
                     captured = self._probe_and_capture(e, args, kwargs, snap)
         except Exception as exc:  # fail closed: this class stays eager
@@ -260,6 +268,10 @@ class ExactShapeReplay:
         """Probe (effect classification), warm up, capture. False: rejected."""
         dev, b = self.device, self.backend
         t0 = time.perf_counter()
+        if self.like is not None and self.like.effect is not None and self.effect is not None:
+            # classified on another lane and this stream already warmed: capture only
+            self._counters_at_start()
+            return self._capture_graph(e, t0)
         self._counters_at_start()
         host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
         b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
@@ -283,6 +295,11 @@ class ExactShapeReplay:
             b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
             self._restore(snap)
         self._counters_at_start()
+        return self._capture_graph(e, t0)
+
+    def _capture_graph(self, e: _Entry, t0: float) -> bool:
+        dev, b = self.device, self.backend
+        args, kwargs = e.inputs
         e.warmup_s = time.perf_counter() - t0
         a0, r0 = b.memory(dev)
         t1 = time.perf_counter()

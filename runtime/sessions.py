@@ -113,8 +113,13 @@ class SessionPool:
         timeout_s: float = 60.0,
         capture: bool = True,
         progress: bool = True,
+        state_on: str | None = None,
     ) -> None:
         self.check_args(lanes, timeout_s)
+        # where sessions keep their regions between steps: the binding's device (default)
+        # or "cpu" (pinned host memory: device memory then holds only the lanes; every
+        # step moves the session's state in and out over the host link)
+        self.state_device = torch.device(state_on) if state_on is not None else binding.device
         self.binding = binding
         self.timeout_s = float(timeout_s)
         self.device = binding.device
@@ -287,6 +292,7 @@ class SessionPool:
                 "turn_starts": len(self._turn_starts),
                 "turn_start_bytes": sum(t.nbytes for t in self._turn_starts.values()),
                 "eager_scratch_bytes": sum(r.nbytes for r in self.eager_scratch.values()),
+                "state_on": str(self.state_device),
                 "lane_capture": list(self.lane_capture),
             }
 
@@ -418,7 +424,10 @@ class Session:
         r = self.storage.get(region_name)
         if r is None:
             spec = self.pool.binding.decl.regions[region_name].spec
-            r = self.storage[region_name] = Region.allocate(spec, self.pool.device)
+            device = self.pool.state_device
+            pinned = device.type == "cpu" and self.pool.device.type == "cuda"
+            tensor = torch.zeros(spec.shape, dtype=spec.dtype, device=device, pin_memory=pinned)
+            r = self.storage[region_name] = Region(spec, tensor)
         return r
 
     def _take_back(self) -> int:
@@ -440,7 +449,7 @@ class Session:
             copied += t.numel() * t.element_size()
             if regions[name].per_session:
                 dst = self._storage(name).same_view(t)
-                dst.copy_(t)
+                dst.copy_(t, non_blocking=True)  # complete when the step's stream syncs
                 if lane is not None and name in lane.regions:
                     self.host_state[name] = lane.regions[name]._host_state()
                 return dst

@@ -394,14 +394,15 @@ def _session_of(pool, base, seed):
     return pool.open(obj, seed=seed)
 
 
-@pytest.mark.parametrize("lanes", [1, 4])
-def test_sessions_from_8_threads_every_session_exact(lanes):
+@pytest.mark.parametrize("lanes, state_on", [(1, None), (4, None), (4, "cpu")])
+def test_sessions_from_8_threads_every_session_exact(lanes, state_on):
     """One binding, 8 client threads, each a session with device randomness per call,
-    served on 1 or 4 lanes (own stream, pool, cuBLAS workspace and generator state each):
-    no crash, no hang, and every session equals its solo stock run bit for bit."""
+    served on 1 or 4 lanes (own stream, pool, cuBLAS workspace and generator state each),
+    sessions keeping their state on the device or in pinned host memory: no crash, no
+    hang, and every session equals its solo stock run bit for bit."""
     base = toy_stream.Stream(toy_stream.Net(DEV, noise=True), seed=0)
     binding = bind_contract(base, toy_stream.decl(noise=True), device=DEV, progress=False)
-    pool = binding.sessions(lanes=lanes, progress=False)
+    pool = binding.sessions(lanes=lanes, progress=False, state_on=state_on)
     seeds = list(range(20, 28))
     n = 9
     got: dict[int, list] = {}

@@ -51,7 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--silence", type=_floats, default=[1.0, 4.0], help="min,max s between turns")
     p.add_argument("--p-reset", type=float, default=0.5, help="chance a new turn resets")
     p.add_argument("--trace-seed", type=int, default=0)
-    p.add_argument("--references", type=int, default=4, help="sessions with a solo reference")
+    p.add_argument(
+        "--references",
+        type=_session_range,
+        default=range(4),
+        help="sessions with a solo reference run: N (the first N) or A:B (sessions A..B-1)",
+    )
     p.add_argument("--reference-batch", type=int, default=1, help="sessions per reference process")
     p.add_argument("--time-budget", type=float, help="seconds for the whole sweep")
     p.add_argument("--setup-estimate", type=float, default=60.0, help="set-up s before one is seen")
@@ -78,6 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _session_range(text: str) -> range:
+    a, _, b = text.partition(":")
+    return range(int(a), int(b)) if b else range(int(a))
 
 
 def _floats(text: str) -> list[float]:

@@ -1,7 +1,8 @@
 """The driver of a cadence sweep: which (arm, N) runs, in which order, within a budget.
 
 Order (the most important points first, so a budget that runs out cuts the least):
-the solo references of the first ``--references`` sessions; every arm at N = 16 (the
+the solo references of the ``--references`` sessions (a per-process reference arm's runs
+are solo runs too and reference the sessions they served); every arm at N = 16 (the
 headline p95); then, round-robin over the arms, the N above 16 in ascending order (the
 search for the largest N with zero misses; an arm stops at its first N with a miss);
 then the N below 16, descending. A run is launched only if its estimate (the arm's
@@ -139,25 +140,30 @@ class Sweep:
         return None if self.left() >= est else why
 
     def references(self) -> None:
-        todo = [i for i in range(self.args.references) if str(i) not in self.refs]
+        """Solo runs of the ``--references`` sessions, ``--reference-batch`` sessions one
+        after another per process, the processes at the same time."""
+        todo = [i for i in self.args.references if str(i) not in self.refs]
         batch = max(1, self.args.reference_batch)
-        for g in [todo[k : k + batch] for k in range(0, len(todo), batch)]:
-            why = self.fits(self.wl.reference, len(g), unpaced=True)
-            if why:
-                self.skipped.append({"arm": "reference", "n": len(g), "why": why})
-                continue
-            for res in launch(self.wl, self.args, self.wl.reference, [g], unpaced=True):
-                for i, h in (res.get("hashes") or {}).items():
-                    self.refs[str(i)] = h
-                self.runs.append(
-                    {
-                        **res,
-                        "arm": self.wl.reference,
-                        "n": len(g),
-                        "reference": True,
-                        "workload": self.wl.name,
-                    }
-                )
+        groups = [todo[k : k + batch] for k in range(0, len(todo), batch)]
+        if not groups:
+            return
+        why = self.fits(self.wl.reference, batch, unpaced=True)
+        if why:
+            self.skipped.append({"arm": "reference", "n": len(todo), "why": why})
+            return
+        for g, res in zip(groups, launch(self.wl, self.args, self.wl.reference, groups, True)):
+            self.adopt_references(res)
+            self.runs.append(
+                {**res, "arm": self.wl.reference, "n": len(g), "reference": True, "workload": self.wl.name}  # fmt: skip
+            )
+
+    def adopt_references(self, res: dict) -> None:
+        """A session served alone in a fresh process on the reference arm — a reference
+        run, or a run of a per-process reference arm, where each process serves one
+        session — is that session's reference where it has none yet."""
+        if res.get("status") == "ok":
+            for i, h in (res.get("hashes") or {}).items():
+                self.refs.setdefault(str(i), h)
 
     def done(self, arm: str, n: int) -> dict | None:
         """The ok run of (arm, N) already made (this sweep or a resumed one)."""
@@ -168,6 +174,9 @@ class Sweep:
         groups = [list(range(n))] if self.wl.arm(arm).shape == "inproc" else [[i] for i in range(n)]
         print(f"bench.cadence: {arm} N={n} ({self.left():.0f} s left)", file=sys.stderr)
         results = launch(self.wl, self.args, arm, groups, unpaced=False)
+        if arm == self.wl.reference and self.wl.arm(arm).shape == "procs":
+            for r in results:
+                self.adopt_references(r)
         windows = [r["window"] for r in results if r.get("window") and r["window"][1]]
         window = [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else None
         bad = [r.get("error") or r.get("status") for r in results if r.get("status") != "ok"]
@@ -231,7 +240,8 @@ class Sweep:
         first = next((w for r in self.runs for w in r.get("workers", [r])), {})
         arms = self.arms(points)
         settings = {**vars(self.settings), "deadline_ms": a.deadline_ms, "n": a.arm_n}
-        settings.update(references=a.references, time_budget_s=a.time_budget, device=a.device)
+        refs = [a.references.start, a.references.stop]
+        settings.update(references=refs, time_budget_s=a.time_budget, device=a.device)
         return {
             "benchmark": "sessions",
             "workload": " + ".join(sorted({v["workload"] for v in arms.values() if v["workload"]})),

@@ -124,10 +124,16 @@ def first_divergence(wl: Workload, a: Mapping, b: Mapping) -> dict | None:
     return None
 
 
+def exact_reference(wl: Workload, cell: str) -> str:
+    """The cell whose bytes ``cell`` must equal."""
+    return getattr(wl.by_name.get(cell), "exact_against", None) or wl.reference
+
+
 def exactness(wl: Workload, cell: str, raw: list, ref_raw: list, blocks: list) -> dict:
-    """``exact`` against the reference, block by block where the reference ran."""
+    """``exact`` against the cell's reference, block by block where the reference ran."""
     ok = [bool(r and r.get("status") == "ok") for r in raw]
-    if cell == wl.reference:
+    ref = exact_reference(wl, cell)
+    if cell == ref:
         return {"exact": any(ok), "exact_note": "reference"}
     keys = [s.key for s in wl.streams]
     compared = equal = uncompared = 0
@@ -147,7 +153,7 @@ def exactness(wl: Workload, cell: str, raw: list, ref_raw: list, blocks: list) -
         "exact_blocks": f"{equal}/{compared}",
     }
     if uncompared:
-        out["exact_note"] = f"{uncompared} block(s) without a {wl.reference} result to compare"
+        out["exact_note"] = f"{uncompared} block(s) without a {ref} result to compare"
     if divergence:
         out["first_divergence"] = divergence
     return out
@@ -206,7 +212,10 @@ def _cell_summary(wl, c, rows, medians, wide, raw, blocks) -> dict:  # noqa: ANN
         by_block = [r.get(st.key) if r["ok"] else None for r in rows]
         s[st.key] = by_block[0] if by_block else None
         s[st.key + "_by_block"] = by_block
-    s.update(exactness(wl, c, raw[c], raw[wl.reference], blocks))
+    ref = exact_reference(wl, c)
+    s.update(exactness(wl, c, raw[c], raw.get(ref, [None] * len(raw[c])), blocks))
+    if ref != wl.reference:
+        s["exact_against"] = ref
     s["counts_as_result"] = s["status"] == "ok" and bool(s["exact"])
     busy, p50 = s.get("busy_ms"), s.get("p50_ms")
     s["wall_over_busy"] = p50 / busy if busy and p50 else None

@@ -30,6 +30,9 @@ class Cell:
     needs_cuda: bool = False
     env: Mapping[str, str | None] = field(default_factory=dict)
     failure: str | None = None
+    # the cell whose bytes this one must equal (default: the workload's reference):
+    # a cell that changes the stock configuration is exact against that configuration
+    exact_against: str | None = None
 
 
 @dataclass(frozen=True)

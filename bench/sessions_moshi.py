@@ -1,0 +1,142 @@
+"""Moshi served as many sessions in one process (``python -m bench.cadence --workload
+bench.sessions_moshi``); the vendor's server serves one connection at a time.
+
+Moshi keeps a stream's state inside its modules (every streaming module's
+``_streaming_state``: the LM and Mimi ring KV caches, conv states, the LMGen delay
+cache, host step counters), so a session's state is that set of objects, swapped in
+place around every step (``runtime/trees.SharedState``) on one replay lane — the
+modules are one set. A session is a client of the server's loop: a connection starts
+with ``mimi.reset_streaming(); lm_gen.reset_streaming()`` and then sends one 80 ms frame
+at a time (``step_frame``, the loop body). Its input frames come from its seed
+(``pcm_stream``); its token IDs and float32 PCM are compared with the same session run
+alone on the unbound stock model (``stock_solo``: one process, the sessions one after
+another, each from a fresh connection). Full 7B LM in bf16 + Mimi fp32, seeded random
+weights, greedy, ``NO_TORCH_COMPILE=1`` and the vendor's graphs off in every worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bench.cadence import Arm, Chunk, SessionSpec, SessionWorkload
+from bench.harness import Stream
+from bench.workloads import moshi as W
+
+MODEL_SEED = 0
+
+
+def connect(mimi: Any, lm_gen: Any) -> None:
+    """What the server does for each new connection: reset every streaming state."""
+    mimi.reset_streaming()
+    lm_gen.reset_streaming()
+
+
+def state_roots(mimi: Any, lm_gen: Any):
+    """The objects that hold one stream's state: the streaming state of every module
+    (``LMGen.get_streaming_state()`` does not reach the LM's own transformer states,
+    which LMGen enters through its exit stack, so every submodule is asked)."""
+
+    def roots() -> list:
+        return [
+            m._streaming_state
+            for top in (mimi, lm_gen)
+            for m in top.modules()
+            if getattr(m, "_streaming_state", None) is not None
+        ]
+
+    return roots
+
+
+def frame_outputs(tokens: list, pcm: list) -> dict:
+    if not tokens:  # before the codebook delay: no output yet
+        return {"tokens": None, "pcm": None}
+    return {"tokens": tokens[0][0, :, 0].cpu(), "pcm": pcm[0].float().cpu()}
+
+
+class _Session:
+    def __init__(self, spec: SessionSpec) -> None:
+        self.spec = spec
+        self.frames = W.pcm_stream(spec.seed, len(spec.chunks))
+        self.pool_session: Any = None
+
+
+class StockSolo:
+    """The unbound stock model serving one connection at a time (the reference)."""
+
+    def __init__(self, arm: Arm, device: torch.device, lm_kwargs: dict | None = None) -> None:
+        self.mimi, self.lm_gen = W.build_moshi(
+            MODEL_SEED, device, lm_kwargs=lm_kwargs or W.FULL_7B, greedy=True
+        )
+
+    def open(self, spec: SessionSpec) -> _Session:
+        connect(self.mimi, self.lm_gen)
+        return _Session(spec)
+
+    def submit(self, s: _Session, chunk: Chunk) -> dict:
+        return frame_outputs(*W.step_frame(self.mimi, self.lm_gen, s.frames[chunk.seq]))
+
+    def reset(self, s: _Session) -> None:
+        """Moshi is full duplex: a turn does not restart the stream."""
+
+    def close(self, s: _Session) -> None:
+        s.frames = []
+
+
+class AdapterSessions(StockSolo):
+    """Sessions on the generated adapter (contracts/moshi.clock), one lane."""
+
+    def __init__(self, arm: Arm, device: torch.device, lm_kwargs: dict | None = None) -> None:
+        super().__init__(arm, device, lm_kwargs)
+        self.binding = W.bind_adapter(self.mimi, self.lm_gen, device)  # NO_CUDA_GRAPH=1
+        self.pool = self.binding.sessions(lanes=1, progress=False)
+        self.roots = state_roots(self.mimi, self.lm_gen)
+
+    def open(self, spec: SessionSpec) -> _Session:
+        s = _Session(spec)
+        s.pool_session = self.pool.open(None, seed=spec.seed, shared=self.roots)
+        s.pool_session.run(connect, self.mimi, self.lm_gen)
+        return s
+
+    def submit(self, s: _Session, chunk: Chunk) -> dict:
+        out = s.pool_session.run(W.step_frame, self.mimi, self.lm_gen, s.frames[chunk.seq])
+        return frame_outputs(*out)
+
+    def close(self, s: _Session) -> None:
+        s.pool_session.close()
+
+    def stats(self) -> dict:
+        st = self.binding.stats()
+        return {
+            "sessions": st["sessions"],
+            "replay": {
+                n: {"hits": c["hits"], "misses": c["misses"]} for n, c in st["callables"].items()
+            },
+        }
+
+
+def server(arm: Arm, device: Any) -> Any:
+    return (AdapterSessions if arm.options.get("adapter") else StockSolo)(arm, device)
+
+
+SESSIONS = SessionWorkload(
+    name="moshi",
+    arms=(
+        Arm("stock_solo", "procs", "the unbound stock model, one connection at a time (reference)"),
+        Arm(
+            "moshi_adapter",
+            "inproc",
+            "the generated adapter, sessions on one lane, state swapped in place",
+            options={"adapter": True},
+            needs_cuda=True,
+        ),
+    ),
+    reference="stock_solo",
+    streams=(
+        Stream("tokens", "int64", key="tokens_sha256", step_key="chunk_tokens_sha256"),
+        Stream("pcm", "float32", key="pcm_sha256", step_key="chunk_pcm_sha256"),
+    ),
+    server=server,
+    base_env={"NO_TORCH_COMPILE": "1", "NO_CUDA_GRAPH": "1"},
+)

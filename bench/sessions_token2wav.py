@@ -1,0 +1,228 @@
+"""Token2Wav served as many real-time sessions (``python -m bench.cadence --workload
+bench.sessions_token2wav``): stock, one process per session or all in one; the adapter
+on one lane or on K replay lanes.
+
+A session is a real-time client of the released streaming decoder
+(``minicpmo-utils==1.0.6``, seeded random weights shared by every session): a voice
+prompt (one of ``VOICES``, chosen by the session's seed), one 25-token chunk (+3
+lookahead) per second while it speaks, ``last_chunk=True`` on a turn's final chunk, and
+the stock client's re-priming at a new turn (``reset``). Its tokens come from its seed
+and the chunk's position in the session, its device random stream (HiFT's noise)
+from its seed, so its float32 PCM is a function of the session alone: every arm's bytes
+are compared with the same session run alone on ``stock_procs`` in a fresh process.
+
+Each session is the vendor's own object as one session sees it (``session_view``: a
+shallow copy sharing the flow and HiFT modules, owning its prompt, stream and vocoder
+caches), driven by the vendor's own ``Token2wav.stream()``:
+  * ``StockServer`` — stock code. The stock modules keep scratch in module attributes
+    (the CFM and DiT caches), so calls take one lock (moshi's server does the same per
+    connection); the device generator is the session's for the call.
+  * ``AdapterServer`` — one binding of the serving contract
+    (``stepaudio2_token2wav``), ``binding.sessions(lanes=K)``; every chunk is one
+    ``session.run``; a voice is primed once and its primed state restored at every turn
+    start (``turn_key``), which is byte-identical to re-priming.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import threading
+from typing import Any
+
+import torch
+
+from bench.cadence import Arm, Chunk, SessionSpec, SessionWorkload
+from bench.harness import Stream
+from bench.workloads import subseed
+from bench.workloads import token2wav as W
+
+MODEL_SEED = 0
+VOICES = 4  # distinct voice prompts among the sessions (a voice primes once per process)
+CONTRACT = "stepaudio2_token2wav"
+
+
+def voice_of(spec: SessionSpec) -> int:
+    return spec.seed % VOICES
+
+
+def session_tokens(spec: SessionSpec) -> list[int]:
+    """The session's token ids: chunk ``seq`` reads ``[25 seq, 25 seq + 28)`` (consecutive
+    calls overlap by the 3 lookahead tokens, as the stock client's buffer does)."""
+    g = torch.Generator().manual_seed(subseed(spec.seed, 3))
+    n = len(spec.chunks) * W.CHUNK_TOKENS + W.PRE_LOOKAHEAD
+    return torch.randint(0, W.VOCAB_SIZE, (n,), generator=g).tolist()
+
+
+def chunk_tokens(tokens: list[int], chunk: Chunk) -> list[int]:
+    start = chunk.seq * W.CHUNK_TOKENS
+    return tokens[start : start + W.CHUNK_TOKENS + W.PRE_LOOKAHEAD]
+
+
+def session_view(t2w: Any, voice: int) -> Any:
+    """The vendor object as one session sees it: the modules (weights) shared, its own
+    prompt; ``stream_cache`` is set by ``prime``."""
+    obj = copy.copy(t2w)
+    obj.cache = W.make_prompt(voice, W.PROMPT_FRAMES, t2w.bench.device)
+    obj.stream_cache = None
+    obj.hift_cache_dict = {}
+    obj.bench = dataclasses.replace(t2w.bench)
+    return obj
+
+
+def prime(obj: Any) -> None:
+    """What the stock client does at the start of every turn (``set_stream_cache``)."""
+    obj.stream_cache, obj.hift_cache_dict = W.set_stream_cache(obj)
+
+
+class _Session:
+    def __init__(self, spec: SessionSpec, obj: Any) -> None:
+        self.spec, self.obj = spec, obj
+        self.tokens = session_tokens(spec)
+        self.pool_session: Any = None
+        self.rng: torch.Tensor | None = None
+
+
+class StockServer:
+    """Stock sessions in one process: shared weights, one call at a time."""
+
+    def __init__(self, arm: Arm, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.t2w = W.build_token2wav(seed=MODEL_SEED, device=self.device)
+        self.lock = threading.Lock()
+        self.served = 0
+
+    def open(self, spec: SessionSpec) -> _Session:
+        s = _Session(spec, session_view(self.t2w, voice_of(spec)))
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(spec.seed)
+        s.rng = gen.get_state()
+        with self.lock, torch.inference_mode():
+            prime(s.obj)
+        return s
+
+    def reset(self, s: _Session) -> None:
+        with self.lock, torch.inference_mode():
+            prime(s.obj)
+
+    def submit(self, s: _Session, chunk: Chunk) -> dict:
+        tokens = chunk_tokens(s.tokens, chunk)
+        gen = _default_generator(self.device)
+        with self.lock, torch.inference_mode():
+            gen.set_state(s.rng)  # the process has one generator: the session's for the call
+            pcm = W.stream_chunk(s.obj, tokens, chunk.last_in_turn)
+            s.rng = gen.get_state()
+            self.served += 1
+        return {"pcm": pcm}
+
+    def close(self, s: _Session) -> None:
+        s.obj = None
+
+    def stats(self) -> dict:
+        return {"chunks_served": self.served}
+
+
+class AdapterServer:
+    """Sessions on one binding of the serving contract, ``lanes`` replay lanes."""
+
+    def __init__(self, arm: Arm, device: torch.device) -> None:
+        adapter = importlib.import_module(f"duplexcadence.generated.{CONTRACT}")
+        self.device = torch.device(device)
+        held: list = []
+        self.t2w = W.build_token2wav(
+            seed=MODEL_SEED,
+            device=self.device,
+            before_priming=lambda t: held.append(
+                adapter.bind(t, device=self.device, capture=False, progress=False)
+            ),
+        )
+        self.binding = held[0]
+        self.binding.capture(progress=False)
+        self.pool = self.binding.sessions(
+            lanes=int(arm.options.get("lanes", 1)),
+            state_on=arm.options.get("state_on"),
+            progress=False,
+        )
+        self._voice_lock = threading.Lock()  # one priming per voice, whoever comes first
+
+    def open(self, spec: SessionSpec) -> _Session:
+        voice = voice_of(spec)
+        s = _Session(spec, session_view(self.t2w, voice))
+        key = ("voice", voice)
+        s.pool_session = self.pool.open(
+            s.obj, seed=spec.seed, state=("hift_cache_dict",), turn_key=key
+        )
+        with self._voice_lock:
+            if not self.pool.has_turn_start(key):
+                with torch.inference_mode():
+                    s.pool_session.prime(prime, s.obj)
+                s.pool_session.mark_turn_start()
+            else:  # the voice's primed state is kept: restored at the first step
+                s.pool_session.reset()
+        return s
+
+    def reset(self, s: _Session) -> None:
+        s.pool_session.reset()
+
+    def submit(self, s: _Session, chunk: Chunk) -> dict:
+        tokens = chunk_tokens(s.tokens, chunk)
+        with torch.inference_mode():
+            pcm = s.pool_session.run(W.stream_chunk, s.obj, tokens, chunk.last_in_turn)
+        return {"pcm": pcm}
+
+    def close(self, s: _Session) -> None:
+        s.pool_session.close()
+
+    def stats(self) -> dict:
+        st = self.binding.stats()
+        return {
+            "sessions": st["sessions"],
+            "replay": {
+                name: {"hits": c["hits"], "misses": c["misses"], "details": c["miss_details"]}
+                for name, c in st["callables"].items()
+            },
+        }
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index or torch.cuda.current_device()]
+    return torch.default_generator
+
+
+def server(arm: Arm, device: Any) -> Any:
+    return (AdapterServer if arm.options.get("adapter") else StockServer)(arm, device)
+
+
+SESSIONS = SessionWorkload(
+    name="token2wav",
+    arms=(
+        Arm("stock_procs", "procs", "stock, one process per session (the reference)"),
+        Arm("stock_inproc", "inproc", "stock sessions in one process, one lock"),
+        Arm(
+            "adapter_1lane",
+            "inproc",
+            "SRc adapter, sessions time-multiplexed on one replay lane",
+            options={"adapter": True, "lanes": 1},
+            needs_cuda=True,
+        ),
+        Arm(
+            "adapter_lanes",
+            "inproc",
+            "SRc adapter, 8 concurrent replay lanes",
+            options={"adapter": True, "lanes": 8},
+            needs_cuda=True,
+        ),
+        Arm(
+            "adapter_lanes_hoststate",
+            "inproc",
+            "SRc adapter, 8 lanes, sessions' state in pinned host memory between steps",
+            options={"adapter": True, "lanes": 8, "state_on": "cpu"},
+            needs_cuda=True,
+        ),
+    ),
+    reference="stock_procs",
+    streams=(Stream("pcm", "float32", key="pcm_sha256", step_key="chunk_pcm_sha256"),),
+    server=server,
+)
