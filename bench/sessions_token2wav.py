@@ -85,7 +85,13 @@ class _Session:
 
 
 class StockServer:
-    """Stock sessions in one process: shared weights, one call at a time."""
+    """Stock sessions in one process: shared weights, one call at a time.
+
+    The stock stream cache holds *views of module buffers* (the CFM's and the DiT's
+    ``att_cache_buffer``/``cnn_cache_buffer``), which the next session's call overwrites:
+    serving sessions in one process therefore needs each session's cache copied out
+    after its call (``_own``). Measured without that copy (bench/results/sessions_h200,
+    ``stock_inproc``) every interleaved session's bytes differed from its solo run."""
 
     def __init__(self, arm: Arm, device: torch.device) -> None:
         self.device = torch.device(device)
@@ -100,11 +106,13 @@ class StockServer:
         s.rng = gen.get_state()
         with self.lock, torch.inference_mode():
             prime(s.obj)
+            _own(s.obj)
         return s
 
     def reset(self, s: _Session) -> None:
         with self.lock, torch.inference_mode():
             prime(s.obj)
+            _own(s.obj)
 
     def submit(self, s: _Session, chunk: Chunk) -> dict:
         tokens = chunk_tokens(s.tokens, chunk)
@@ -112,6 +120,7 @@ class StockServer:
         with self.lock, torch.inference_mode():
             gen.set_state(s.rng)  # the process has one generator: the session's for the call
             pcm = W.stream_chunk(s.obj, tokens, chunk.last_in_turn)
+            _own(s.obj)
             s.rng = gen.get_state()
             self.served += 1
         return {"pcm": pcm}
@@ -185,6 +194,11 @@ class AdapterServer:
         }
 
 
+def _own(obj: Any) -> None:
+    """The session's stream cache as its own tensors (see StockServer)."""
+    obj.stream_cache = {k: v.clone() for k, v in obj.stream_cache.items()}
+
+
 def _default_generator(device: torch.device) -> torch.Generator:
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index or torch.cuda.current_device()]
@@ -199,7 +213,11 @@ SESSIONS = SessionWorkload(
     name="token2wav",
     arms=(
         Arm("stock_procs", "procs", "stock, one process per session (the reference)"),
-        Arm("stock_inproc", "inproc", "stock sessions in one process, one lock"),
+        Arm(
+            "stock_inproc",
+            "inproc",
+            "stock sessions in one process, one lock, each session's cache copied out",
+        ),
         Arm(
             "adapter_1lane",
             "inproc",

@@ -107,7 +107,9 @@ def test_metrics_and_arm_summary():
         24: {"status": "ok", "misses": 3, "p95_ms": 1500.0, "peak_gib": 7.0},
         32: {"status": "failed"},
     }
-    a = summary.arm_summary(points, 60.0, 60.0)
+    for p in points.values():
+        p["run_s"] = 61.0
+    a = summary.arm_summary(points, 60.0)
     assert a == {
         "max_sessions_at_cadence": 16,
         "p95_ms_at_16": 120.0,
@@ -115,7 +117,8 @@ def test_metrics_and_arm_summary():
         "all_sessions_exact": False,
         "sessions_hashed": 4,
     }
-    assert summary.arm_summary(points, 60.0, 30.0)["max_sessions_at_cadence"] is None  # too short
+    points[16]["run_s"] = 30.0  # too short a run to claim N = 16; 8 still holds
+    assert summary.arm_summary(points, 60.0)["max_sessions_at_cadence"] == 8
 
 
 def test_budget_skips_what_does_not_fit(monkeypatch, tmp_path):

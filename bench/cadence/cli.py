@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--setup-estimate", type=float, default=60.0, help="set-up s before one is seen")
     p.add_argument("--setup-timeout", type=float, default=300.0, help="s for workers to get ready")
     p.add_argument("--no-stop-at-miss", dest="stop_at_miss", action="store_false")
+    p.add_argument(
+        "--rerender", action="store_true", help="re-summarise the JSON at --out; runs nothing"
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--gpu-index", type=int, default=0, help="NVML index of the device")
     p.add_argument("--threads", type=int)

@@ -37,6 +37,12 @@ from . import summary
 from .cli import TRACE_FLAGS, trace_settings
 
 GRACE_S = 20.0
+MIN_RUN_S = 60.0  # a claim of N sessions at cadence needs a run this long without a miss
+
+
+def run_seconds(window: list | None) -> float | None:
+    """How long a run streamed: its workers' common window (first start, last end)."""
+    return round(window[1] - window[0], 3) if window and window[1] else None
 
 
 class GpuSampler:
@@ -120,7 +126,15 @@ class Sweep:
         self.settings = trace_settings(args)
         prior = prior or {}
         self.runs: list[dict] = list(prior.get("runs") or [])
+        for r in self.runs:  # runs recorded before the window length was kept
+            if not r.get("reference") and r.get("run_s") is None:
+                ws = [w["window"] for w in r.get("workers", []) if w.get("window")]
+                ws = [w for w in ws if w[1]]
+                r["run_s"] = run_seconds(
+                    [min(w[0] for w in ws), max(w[1] for w in ws)] if ws else None
+                )
         self.prior_arms: dict[str, dict] = dict(prior.get("arms") or {})
+        self.prior_settings: dict | None = prior.get("settings")
         self.commands: list[str] = list(prior.get("commands") or [])
         self.commands.append("python -m bench.cadence " + shlex.join(args._argv))
         # {workload: {session index: hashes}}: several workloads may share one document
@@ -184,6 +198,7 @@ class Sweep:
         point = {
             "arm": arm,
             "n": n,
+            "run_s": run_seconds(window),
             "status": "ok" if not bad else "failed",
             "errors": bad[:5],
             **summary.run_metrics(
@@ -226,8 +241,7 @@ class Sweep:
                 k: self.prior_arms.get(name, {}).get(k) for k in ("workload", "shape", "what")
             }  # fmt: skip
             pts = {int(n): p for n, p in ps.items()}
-            run_s = min((p.get("run_s") or 0.0 for p in pts.values()), default=0.0)
-            out[name] = {**summary.arm_summary(pts, 60.0, run_s), **meta}
+            out[name] = {**summary.arm_summary(pts, MIN_RUN_S), **meta}
         return out
 
     def document(self, complete: bool) -> dict:
@@ -242,6 +256,8 @@ class Sweep:
         settings = {**vars(self.settings), "deadline_ms": a.deadline_ms, "n": a.arm_n}
         refs = [a.references.start, a.references.stop]
         settings.update(references=refs, time_budget_s=a.time_budget, device=a.device)
+        if a.rerender and self.prior_settings:  # the settings the runs were made with
+            settings = self.prior_settings
         return {
             "benchmark": "sessions",
             "workload": " + ".join(sorted({v["workload"] for v in arms.values() if v["workload"]})),
@@ -280,11 +296,15 @@ def run(wl: Any, args: argparse.Namespace) -> int:
     args.out = args.out or f"bench/results/sessions_{host}"
     out = Path(args.out)
     prior = None
-    if args.resume and out.with_suffix(".json").exists():
+    if (args.resume or args.rerender) and out.with_suffix(".json").exists():
         prior = json.loads(out.with_suffix(".json").read_text())
     sweep = Sweep(wl, args, prior, gpu)
-    sweep.sweep()
-    doc = sweep.write(complete=True)
+    if args.rerender:  # re-summarise the runs of --out; runs nothing
+        sweep.commands.pop()
+        doc = sweep.write(complete=bool(prior and prior.get("complete")))
+    else:
+        sweep.sweep()
+        doc = sweep.write(complete=True)
     out.with_suffix(".md").write_text(summary.markdown(doc))
     summary.plot(doc, out.with_suffix(".png"))
     print(summary.markdown(doc))
