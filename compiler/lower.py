@@ -9,7 +9,7 @@ identifiers that the grammar restricts to a safe character set and from
 
 from __future__ import annotations
 
-from duplexcadence.compiler import ir
+from duplexcadence.dsl import ir
 from duplexcadence.compiler.analysis import Analysis, CatalogClass, _eval, _value
 from duplexcadence.compiler.validate import Checked
 

@@ -3,7 +3,13 @@
 One cached LALR parser (positions propagated) and a transformer that builds IR
 nodes directly, each carrying its span. Syntax errors are turned into
 `file:line:col` diagnostics whose "expected ..." lists read like the language
-("a name", "'{'"), never like lark's internal terminal names.
+("a name", "'{'"), never like lark's internal terminal names; the common mistakes
+of `mistakes.py` are recognised by example and get their own codes.
+
+Input limits are checked on the parse tree before anything recurses over it, so no
+input can exhaust the stack or build unbounded integers: integer literals of at
+most `MAX_INT_DIGITS` digits, expressions at most `MAX_EXPR_DEPTH` deep. (The file
+size is bounded by whoever reads the file: `compiler/driver.py`.)
 """
 
 from __future__ import annotations
@@ -11,11 +17,17 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from duplexcadence.compiler import ir
+from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, Span, error
+from duplexcadence.dsl.mistakes import MISTAKES
+
+MAX_INT_DIGITS = 15  # 10**15 < 2**53: every literal is exact wherever it goes
+MAX_EXPR_DEPTH = 32
+# rules that nest expressions (`(e)` is inlined by the grammar's `?atom`)
+_EXPR_RULES = frozenset({"add", "sub", "mul", "max_of"})
 
 # How terminals are named in "expected ..." messages.
 _FRIENDLY = {
@@ -59,11 +71,43 @@ def _token_text(token: Token) -> str:
     return f"'{token.value}'"
 
 
+@functools.lru_cache(maxsize=1)
+def _mistakes_by_token() -> dict[str, list[tuple[str, list[str]]]]:
+    """The mistake examples grouped by the token type each one fails at, so a
+    mistake is only recognised at its state *and* on its kind of token."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for code, _, examples in MISTAKES:
+        for text in examples:
+            try:
+                _parser().parse(text)
+            except UnexpectedToken as exc:
+                groups.setdefault(exc.token.type, {}).setdefault(code, []).append(text)
+            else:  # pragma: no cover - a test keeps every example malformed
+                raise AssertionError(f"mistake example parses: {text!r}")
+    return {t: list(by_code.items()) for t, by_code in groups.items()}
+
+
+def _mistake(exc: UnexpectedToken) -> Diagnostic | None:
+    examples = _mistakes_by_token().get(exc.token.type)
+    if not examples:
+        return None
+    code = exc.match_examples(_parser().parse, examples, use_accepts=True)
+    if code is None:
+        return None
+    message = next(m for c, m, _ in MISTAKES if c == code)
+    span = Span(exc.line, exc.column, exc.line, exc.column + max(len(exc.token), 1))
+    return error(code, f"unexpected {_token_text(exc.token)}: {message}", span)
+
+
 def _syntax_diagnostic(exc: UnexpectedInput) -> Diagnostic:
     span = Span(exc.line if exc.line > 0 else 1, exc.column if exc.column > 0 else 1)
     if isinstance(exc, UnexpectedCharacters):
-        char = exc.char if exc.char.isprintable() else repr(exc.char)
+        char = exc.char if exc.char.isprintable() else ascii(exc.char)
         return error("CLK002", f"unexpected character '{char}'", span)
+    if isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
+        mistake = _mistake(exc)
+        if mistake is not None:
+            return mistake
     expected = sorted({_describe(t) for t in getattr(exc, "expected", set()) or set()})
     listing = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
     if isinstance(exc, UnexpectedEOF) or (
@@ -388,6 +432,42 @@ def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | 
     return ir.Contract(**fields)
 
 
+def _input_limits(tree: Tree) -> list[Diagnostic]:
+    """Integer literals too long and expressions too deep, found without recursion."""
+    found: list[Diagnostic] = []
+    deep_reported = False
+    stack: list[tuple[Tree | Token, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Token):
+            if node.type == "INT" and len(node.lstrip("0")) > MAX_INT_DIGITS:
+                found.append(
+                    error(
+                        "CLK007",
+                        f"integer literal of {len(node)} digits; at most {MAX_INT_DIGITS} "
+                        "are allowed",
+                        _tok_span(node),
+                    )
+                )
+            continue
+        if not isinstance(node, Tree):
+            continue
+        if node.data in _EXPR_RULES:
+            depth += 1
+            if depth > MAX_EXPR_DEPTH and not deep_reported:
+                deep_reported = True
+                found.append(
+                    error(
+                        "CLK008",
+                        f"expression nested more than {MAX_EXPR_DEPTH} levels deep",
+                        _span(node.meta),
+                    )
+                )
+                continue
+        stack.extend((child, depth) for child in node.children)
+    return found
+
+
 def parse(text: str) -> tuple[ir.Contract | None, list[Diagnostic]]:
     """Parse contract text. Returns (IR or None, diagnostics)."""
     diagnostics: list[Diagnostic] = []
@@ -398,6 +478,9 @@ def parse(text: str) -> tuple[ir.Contract | None, list[Diagnostic]]:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         return None, [_syntax_diagnostic(exc)]
+    limits = _input_limits(tree)
+    if limits:  # nothing downstream may see an input beyond the limits
+        return None, limits
     transformer = _ToIR()
     items = transformer.transform(tree)
     diagnostics.extend(transformer.diagnostics)

@@ -25,7 +25,9 @@ def test_shipped_contracts_check_clean(capsys, monkeypatch):
 def test_check_json_token2wav_numbers(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["check", "contracts/stepaudio2_token2wav.clock", "--format", "json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema_version"] == 1 and document["command"] == "check"
+    [entry] = document["contracts"]
     a = entry["analysis"]
     regions = {r["name"]: r for r in a["regions"]}
     assert regions["estimator_carry"]["attended"] == [302, 352, 402]
@@ -40,7 +42,7 @@ def test_check_json_token2wav_numbers(capsys, monkeypatch):
 def test_moshi_frame_graphs_width_one(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["check", "contracts/moshi.clock", "--format", "json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["contracts"]
     calls = {k["name"]: k for k in entry["analysis"]["callables"]}
     assert {name: k["width"] for name, k in calls.items()} == {
         "mimi_encode": 1,
@@ -73,7 +75,9 @@ def test_compile_check_reports_drift(tmp_path, monkeypatch, capsys):
 def test_compile_writes_packages_json(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     assert main(["compile", "-o", str(tmp_path), "--format", "json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema_version"] == 1 and document["command"] == "compile"
+    report = document["contracts"]
     assert {Path(r["path"]).name for r in report} == {p.name for p in CONTRACTS}
     for name in ("moshi", "stepaudio2_token2wav"):
         files = sorted(p.name for p in (tmp_path / name).iterdir())
