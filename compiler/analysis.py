@@ -169,8 +169,7 @@ def config_space(k: ir.Callable) -> tuple[tuple[str, ...], list[tuple]]:
 
 
 def _eval(expr: ir.Expr, checked: Checked, env: dict[str, Value]) -> int:
-    clocks = frozenset(k.name for k in checked.contract.clocks)
-    return evaluate(expr, checked.consts, clocks=clocks, names=env).value
+    return evaluate(expr, checked.consts, clocks=checked.clock_names, names=env).value
 
 
 def _value(v) -> Value:

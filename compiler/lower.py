@@ -75,11 +75,20 @@ def _structure(args: list[ir.Arg], cls: CatalogClass, checked: Checked) -> str:
         if len(members) == 1 and not members[0].path.steps:
             parts.append((root, _leaf_code(members[0], cls, checked)))
         else:
-            items = ", ".join(
-                f"{m.path.steps[-1].value!r}: {_leaf_code(m, cls, checked)}" for m in members
-            )
-            parts.append((root, "{" + items + "}"))
+            # `cache["a"]["x"]`: key paths nest (validation allows key steps only, no overlap)
+            tree: dict = {}
+            for m in members:
+                node = tree
+                for s in m.path.steps[:-1]:
+                    node = node.setdefault(s.value, {})
+                node[m.path.steps[-1].value] = _leaf_code(m, cls, checked)
+            parts.append((root, _dict_code(tree)))
     return parts
+
+
+def _dict_code(tree: dict) -> str:
+    items = (f"{k!r}: {v if isinstance(v, str) else _dict_code(v)}" for k, v in tree.items())
+    return "{" + ", ".join(items) + "}"
 
 
 def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:

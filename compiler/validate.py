@@ -42,14 +42,17 @@ class Checked:
     clock_rate: dict[str, int] = field(default_factory=dict)  # ticks per call
     regions: dict[str, RegionNumbers] = field(default_factory=dict)
     budget: int = DEFAULT_BUDGET
+    clock_names: frozenset[str] = frozenset()
 
 
 class _Validator(RegionRules, CallableRules):
     def __init__(self, contract: ir.Contract):
         self.c = contract
         self.diags: list[Diagnostic] = []
-        self.out = Checked(contract=contract, budget=contract.budget or DEFAULT_BUDGET)
         self.clocks = frozenset(k.name for k in contract.clocks)
+        self.out = Checked(
+            contract=contract, budget=contract.budget or DEFAULT_BUDGET, clock_names=self.clocks
+        )
         self.region_nodes = {r.name: r for r in contract.regions}
         self.poisoned: set[str] = set()  # declarations that failed (see the docstring)
 
@@ -183,8 +186,8 @@ class _Validator(RegionRules, CallableRules):
                 if cur.name in rate:
                     base = rate[cur.name]
                     break
-                if cur.name in on_chain:
-                    cycle = chain[chain.index(cur) :]
+                if cur.name in on_chain:  # (by name: a duplicate clock is another object)
+                    cycle = chain[[c.name for c in chain].index(cur.name) :]
                     names = [c.name for c in cycle]
                     for i, c in enumerate(cycle):
                         shown = " -> ".join(names[i:] + names[:i] + [c.name])

@@ -91,7 +91,9 @@ def _mistake(exc: UnexpectedToken) -> Diagnostic | None:
     examples = _mistakes_by_token().get(exc.token.type)
     if not examples:
         return None
-    code = exc.match_examples(_parser().parse, examples, use_accepts=True)
+    # use_accepts=False: lark 1.3 formats a debug message with '%d' of a ParserState on
+    # that path and raises TypeError; the token-type grouping above keeps matches exact
+    code = exc.match_examples(_parser().parse, examples, use_accepts=False)
     if code is None:
         return None
     message = next(m for c, m, _ in MISTAKES if c == code)
