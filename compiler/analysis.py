@@ -40,7 +40,9 @@ DTYPE_BYTES = {
 # Attended and flush extents are listed (JSON, tables, generated comments) up to this
 # many per region; past it only their closed form is given (start, stride, bound, K).
 LIST_LIMIT = 1000
-BOUND_CAP = 2**63  # |Q|·ΠK saturates here: it is a bound, and past it nothing is enumerable
+# |Q|·ΠK saturates here (it stays a bound; an exact product of hundreds of regions'
+# K would be thousands of digits, more than Python prints)
+BOUND_CAP = 10**100
 
 
 class _Frozen(BaseModel):
@@ -260,40 +262,7 @@ def analyse_callable(
     region_args = list(dict.fromkeys(region_args))
     names, q = config_space(k)
     position = {n: i for i, n in enumerate(names)}
-    keyed = sorted(signature_variables(k), key=position.__getitem__)
-    tensors = [a for a in k.args if isinstance(a.type, ir.TensorArg)]
-
-    # distinct signatures over Q (first configuration of each), then admission
-    signatures: dict[tuple, dict] = {}
-    for values in q:
-        config = dict(zip(names, values))
-        signatures.setdefault(tuple(config[n] for n in keyed), config)
-    admitted_configs: list[dict] = []
-    rejected = 0
-    failed = False
-    for values in q:
-        config = dict(zip(names, values))
-        try:
-            ok = admitted(k, checked, config)
-        except EvalError as e:
-            problems.append(error(e.code or "CLK018", e.message, e.span))
-            failed = True
-            break
-        if not ok:
-            rejected += 1
-            continue
-        admitted_configs.append(config)
-    reps: dict[tuple, dict] = {}
-    for config in admitted_configs:
-        reps.setdefault(tuple(config[n] for n in keyed), config)
-    for config in reps.values():
-        for a in tensors:
-            problem = _layout_problem(a, k, checked, config)
-            if problem is not None:
-                problems.append(problem)
-                failed = True
-        if failed:
-            break
+    signatures, reps, rejected, failed = _configurations(k, checked, names, q, problems)
 
     widths = tuple((r, regions[r].catalog_width) for r in region_args)
     slots = tuple(
@@ -317,17 +286,7 @@ def analyse_callable(
                 classes.append(CatalogClass(extents=extents, config=tuple(config.items())))
                 staging += _staging(k, checked, regions, dict(extents), config)
     write_through = sum(regions[r].demand_bytes for r in k.writes if r in regions)
-    if width > checked.budget:
-        in_scope = False
-        slim = ", ".join(f"K({r})={w}" for r, w in widths if w > 1)
-        shown = str(width) if enumerated else f"up to {width}"
-        reason = f"catalog width {shown} exceeds budget {checked.budget}" + (
-            f" ({slim})" if slim else ""
-        )
-    elif k.mode == "eager":
-        in_scope, reason = False, "declared `mode eager`"
-    else:
-        in_scope, reason = True, "exact catalog within budget"
+    in_scope, reason = _scope(k, width, enumerated, widths, checked.budget)
     return CallableAnalysis(
         name=k.name,
         mode=k.mode,
@@ -344,6 +303,50 @@ def analyse_callable(
         staging_bytes=staging if in_scope else 0,
         write_through_bytes=write_through if in_scope else 0,
     )
+
+
+def _configurations(k: ir.Callable, checked: Checked, names, q, problems: list[Diagnostic]):
+    """(distinct signatures over Q, the first admitted configuration of each admitted
+    signature, configurations rejected by `admit`, whether an evaluation failed).
+    Every admitted signature's tensor layouts are evaluated and checked here."""
+    position = {n: i for i, n in enumerate(names)}
+    keyed = sorted(signature_variables(k), key=position.__getitem__)
+    signatures: dict[tuple, dict] = {}
+    reps: dict[tuple, dict] = {}
+    rejected = 0
+    for values in q:
+        config = dict(zip(names, values))
+        key = tuple(config[n] for n in keyed)
+        signatures.setdefault(key, config)
+        try:
+            ok = admitted(k, checked, config)
+        except EvalError as e:
+            problems.append(error(e.code or "CLK018", e.message, e.span))
+            return signatures, reps, rejected, True
+        if not ok:
+            rejected += 1
+            continue
+        reps.setdefault(key, config)
+    tensors = [a for a in k.args if isinstance(a.type, ir.TensorArg)]
+    for config in reps.values():
+        found = [p for p in (_layout_problem(a, k, checked, config) for a in tensors) if p]
+        if found:
+            problems.extend(found)
+            return signatures, reps, rejected, True
+    return signatures, reps, rejected, False
+
+
+def _scope(k: ir.Callable, width: int, enumerated: bool, widths, budget: int):
+    """(in scope, why) of one callable."""
+    if width > budget:
+        slim = ", ".join(f"K({r})={w}" for r, w in widths if w > 1)
+        shown = str(width) if enumerated else f"up to {width}"
+        return False, f"catalog width {shown} exceeds budget {budget}" + (
+            f" ({slim})" if slim else ""
+        )
+    if k.mode == "eager":
+        return False, "declared `mode eager`"
+    return True, "exact catalog within budget"
 
 
 def _staging(k: ir.Callable, checked: Checked, regions, extents: dict, config: dict) -> int:

@@ -60,6 +60,41 @@ class CallableRules:
                 spans.get("per", k.span),
             )
         config_names = self._check_configs(k)
+        arg_regions = self._check_args(k, regions, config_names)
+        self._check_region_uses(k, regions, arg_regions)
+        for counter in k.counters:
+            if counter.site.root == "result" or counter.advances < 1:
+                self.err(
+                    "CLK049",
+                    f"counter '{counter.site.dotted()}' of callable '{k.name}' must be a model "
+                    "attribute that advances by at least 1 per call",
+                    counter.span,
+                )
+        admit_names: set[str] = set()
+        for cond in k.admit:
+            for side in (cond.left, cond.right):
+                self.eval(side, names={n: Value(0, None) for n in config_names})
+                admit_names |= names_in(side)
+        unused = config_names - signature_variables(k) - admit_names
+        for cfg in k.configs:
+            for n in cfg.names:
+                if n in unused:
+                    self.warn(
+                        "CLK503",
+                        f"config variable '{n}' of callable '{k.name}' reaches no argument and "
+                        "no `admit`: it does not change any signature",
+                        cfg.span,
+                    )
+        if k.effects == "host_rng" and k.mode == "replay":
+            self.warn(
+                "CLK502",
+                f"callable '{k.name}' draws host randomness; replay rejects it at capture, "
+                "so declare `mode eager`",
+                spans.get("effects", k.span),
+            )
+
+    def _check_args(self, k: ir.Callable, regions: dict, config_names: set[str]) -> set[str]:
+        """Check each argument; returns the regions passed as arguments."""
         sample = {n: Value(0) for n in config_names}
         arg_regions: set[str] = set()
         seen_paths: set[str] = set()
@@ -93,46 +128,15 @@ class CallableRules:
                         f"argument '{dotted}' has {len(t.dims)} dims but {len(t.strides)} strides",
                         t.span,
                     )
-            elif t.type == "none":
-                pass  # always None: keyed by value, nothing to configure
-            elif arg.path.steps or arg.path.root not in config_names:
+            elif t.type != "none" and (arg.path.steps or arg.path.root not in config_names):
+                # (`none` is always None: keyed by value, nothing to configure)
                 self.err(
                     "CLK044",
                     f"scalar argument '{dotted}' of callable '{k.name}' needs "
                     f"`config {dotted} in {{...}}` to fix its values",
                     arg.span,
                 )
-        self._check_region_uses(k, regions, arg_regions)
-        for counter in k.counters:
-            if counter.site.root == "result" or counter.advances < 1:
-                self.err(
-                    "CLK049",
-                    f"counter '{counter.site.dotted()}' of callable '{k.name}' must be a model "
-                    "attribute that advances by at least 1 per call",
-                    counter.span,
-                )
-        admit_names: set[str] = set()
-        for cond in k.admit:
-            for side in (cond.left, cond.right):
-                self.eval(side, names={n: Value(0, None) for n in config_names})
-                admit_names |= names_in(side)
-        unused = config_names - signature_variables(k) - admit_names
-        for cfg in k.configs:
-            for n in cfg.names:
-                if n in unused:
-                    self.warn(
-                        "CLK503",
-                        f"config variable '{n}' of callable '{k.name}' reaches no argument and "
-                        "no `admit`: it does not change any signature",
-                        cfg.span,
-                    )
-        if k.effects == "host_rng" and k.mode == "replay":
-            self.warn(
-                "CLK502",
-                f"callable '{k.name}' draws host randomness; replay rejects it at capture, "
-                "so declare `mode eager`",
-                spans.get("effects", k.span),
-            )
+        return arg_regions
 
     def _check_configs(self, k: ir.Callable) -> set[str]:
         config_names: set[str] = set()

@@ -99,17 +99,34 @@ def check_source(source: str, path: str) -> Result:
             )
     nodes = {x.name: x for x in contract.regions}
     for r in result.analysis.regions:
-        if r.stock_bytes is not None and r.demand_bytes > r.stock_bytes:
+        problem = _stock_problem(nodes[r.name], r, checked.regions[r.name])
+        if problem is not None:
             region = nodes[r.name]
             result.diagnostics.append(
-                error(
-                    "CLK031",
-                    f"region '{r.name}' needs {r.demand_bytes} bytes, more than its stock "
-                    f"constant ({r.stock_bytes} bytes); a demand size cannot exceed the stock envelope",
-                    region.prop_spans.get("stock", region.span),
-                )
+                error("CLK031", problem, region.prop_spans.get("stock", region.span))
             )
     return result
+
+
+def _stock_problem(region: ir.Region, r, numbers) -> str | None:
+    """Why the stock constant cannot hold the demand-sized region, or None. The stock
+    tensor at the site is what bind() copies from (a carry: off its extent axis)."""
+    if r.stock_bytes is None or region.allocate == "stock":
+        return None
+    if r.demand_bytes > r.stock_bytes:
+        return (
+            f"region '{r.name}' needs {r.demand_bytes} bytes, more than its stock constant "
+            f"({r.stock_bytes} bytes); a demand size cannot exceed the stock envelope"
+        )
+    for i, (need, have) in enumerate(zip(r.shape, numbers.stock)):
+        if numbers.retention is not None and i == r.axis:
+            continue
+        if need > have:
+            return (
+                f"region '{r.name}' needs {need} along dim {i}, more than its stock "
+                f"constant holds ({have}); the stock tensor could not hold the region"
+            )
+    return None
 
 
 def compile_source(source: str, path: str, *, source_name: str | None = None) -> Result:

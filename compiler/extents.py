@@ -18,12 +18,15 @@ count for mixed lifetimes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # `operator` regions restart every call; `unit` and `chunk` are one level.
 LIFETIME_LEVEL = {"operator": 0, "unit": 1, "chunk": 1, "turn": 2, "session": 3, "process": 4}
-# Joint counts of mixed lifetimes are exact up to this many states per level.
-JOINT_EXACT_LIMIT = 100_000
+# Joint counts of mixed lifetimes are exact up to this many states per level (more
+# than the largest budget, so scope is always decided exactly); past it the width
+# is reported as the bound.
+JOINT_EXACT_LIMIT = 2000
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ class Progression:
         return tuple(sorted(out))
 
 
-def joint_count(sizes: list[int]) -> int | None:
+@functools.lru_cache(maxsize=256)
+def _joint_count(sizes: tuple[int, ...]) -> int | None:
     """How many joint extents the levels reach (None: more than JOINT_EXACT_LIMIT per
     level with mixed lifetimes, where only `bound` is known).
 
@@ -88,7 +92,6 @@ def joint_count(sizes: list[int]) -> int | None:
     lifetime restarts less often), and attends index x_i = min(c_i, M_i − 1). A tuple
     x is reachable iff every unsaturated x_i (below M_i − 1) is at least every x_j
     before it. Counted by a DP over the running maximum."""
-    sizes = [m for m in sizes if m > 1]
     if not sizes:
         return 1
     if len(sizes) == 1:
@@ -109,6 +112,11 @@ def joint_count(sizes: list[int]) -> int | None:
             nxt[max(r, m - 1)] += ways[r]
         ways = nxt
     return sum(ways)
+
+
+def joint_count(sizes: list[int]) -> int | None:
+    """How many joint extents levels of these sizes reach (see `_joint_count`)."""
+    return _joint_count(tuple(m for m in sizes if m > 1))
 
 
 def _level_sizes(progressions: list[Progression], lifetimes: list[str]) -> dict[int, int]:

@@ -43,21 +43,7 @@ class RegionRules:
             self.err("CLK025", f"region '{r.name}' has no dims", r.span)
             self.poisoned.add(r.name)
             return
-        dims: list[int | None] = []
-        axis = axis_clock = None
-        for i, d in enumerate(r.dims):
-            if isinstance(d, ir.NameRef) and d.name in self.clocks:
-                if axis is not None:
-                    self.err(
-                        "CLK024", f"region '{r.name}' has more than one clock-extent axis", d.span
-                    )
-                axis, axis_clock = i, d.name
-                dims.append(None)
-                continue
-            v = self.eval(d)
-            if v is not None and v.value <= 0:
-                self.err("CLK015", f"dimension {i} of region '{r.name}' must be positive", d.span)
-            dims.append(v.value if v else 1)
+        dims, axis, axis_clock = self._dims(r)
         unit = axis_clock
 
         def in_axis_unit(expr: ir.Expr, what: str) -> int | None:
@@ -98,32 +84,7 @@ class RegionRules:
                 spans.get("clock", r.span),
             )
 
-        stock = None
-        if r.stock is not None:
-            values = [self.eval(d) for d in r.stock]
-            if len(values) != len(r.dims):
-                self.err(
-                    "CLK028",
-                    f"stock of region '{r.name}' has {len(values)} dims but the region has "
-                    f"{len(r.dims)}",
-                    spans.get("stock", r.span),
-                )
-            elif all(v is not None for v in values):
-                stock = tuple(v.value for v in values)
-                if any(v <= 0 for v in stock):
-                    self.err(
-                        "CLK015",
-                        f"stock dims of region '{r.name}' must be positive",
-                        spans.get("stock", r.span),
-                    )
-                    stock = None
-                elif math.prod(stock) > MAX_VALUE:
-                    self.err(
-                        "CLK018",
-                        f"stock of region '{r.name}' has more than 2**53 elements",
-                        spans.get("stock", r.span),
-                    )
-                    stock = None
+        stock = self._stock(r)
         self._address_and_allocation(r, stock)
         if self.error_count() > errors_before:
             self.poisoned.add(r.name)
@@ -139,6 +100,49 @@ class RegionRules:
             envelope=bound,
             stock=stock,
         )
+
+    def _dims(self, r: ir.Region) -> tuple[list[int | None], int | None, str | None]:
+        """(dims with None on the clock-extent axis, that axis, its clock)."""
+        dims: list[int | None] = []
+        axis = axis_clock = None
+        for i, d in enumerate(r.dims):
+            if isinstance(d, ir.NameRef) and d.name in self.clocks:
+                if axis is not None:
+                    self.err(
+                        "CLK024", f"region '{r.name}' has more than one clock-extent axis", d.span
+                    )
+                axis, axis_clock = i, d.name
+                dims.append(None)
+                continue
+            v = self.eval(d)
+            if v is not None and v.value <= 0:
+                self.err("CLK015", f"dimension {i} of region '{r.name}' must be positive", d.span)
+            dims.append(v.value if v else 1)
+        return dims, axis, axis_clock
+
+    def _stock(self, r: ir.Region) -> tuple[int, ...] | None:
+        if r.stock is None:
+            return None
+        span = r.prop_spans.get("stock", r.span)
+        values = [self.eval(d) for d in r.stock]
+        if len(values) != len(r.dims):
+            self.err(
+                "CLK028",
+                f"stock of region '{r.name}' has {len(values)} dims but the region has "
+                f"{len(r.dims)}",
+                span,
+            )
+            return None
+        if any(v is None for v in values):
+            return None
+        stock = tuple(v.value for v in values)
+        if any(v <= 0 for v in stock):
+            self.err("CLK015", f"stock dims of region '{r.name}' must be positive", span)
+            return None
+        if math.prod(stock) > MAX_VALUE:
+            self.err("CLK018", f"stock of region '{r.name}' has more than 2**53 elements", span)
+            return None
+        return stock
 
     def _retention(self, r: ir.Region, in_axis_unit) -> tuple[str, tuple[int, ...]] | None:
         kind = r.retention.kind

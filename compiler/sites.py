@@ -111,30 +111,34 @@ def _segment_problems(c: ir.Contract) -> list[Diagnostic]:
 
 
 def _conflicts(c: ir.Contract) -> list[Diagnostic]:
-    sites = _bound_sites(c)
+    """Equal or nested bound sites, found through dicts of sites and of their prefixes
+    (paths are at most 32 steps: linear in the contract's size)."""
+    sites: dict[Key, str] = {}
+    prefixes: dict[Key, str] = {}  # a strict prefix of a bound site -> that site's owner
     found = []
-    for i, (what, path) in enumerate(sites):
+    for what, path in _bound_sites(c):
         key = _key(path)
-        for other_what, other in sites[:i]:
-            other_key = _key(other)
-            both_counters = what.startswith("counter") and other_what.startswith("counter")
-            if key == other_key and not both_counters:
-                message = f"{what} is bound at '{path.dotted()}', already the site of {other_what}"
-            elif key[: len(other_key)] == other_key and len(key) > len(other_key):
-                message = f"{what} at '{path.dotted()}' lies inside the site of {other_what}"
-            elif other_key[: len(key)] == key and len(other_key) > len(key):
-                message = f"the site of {other_what} lies inside {what} at '{path.dotted()}'"
-            else:
-                continue
-            found.append(error("CLK051", message, path.span))
-            break
+        inside = next((key[:n] for n in range(1, len(key)) if key[:n] in sites), None)
+        if key in sites and not (what.startswith("counter") and sites[key].startswith("counter")):
+            message = f"{what} is bound at '{path.dotted()}', already the site of {sites[key]}"
+        elif inside is not None:
+            message = f"{what} at '{path.dotted()}' lies inside the site of {sites[inside]}"
+        elif key in prefixes:
+            message = f"the site of {prefixes[key]} lies inside {what} at '{path.dotted()}'"
+        else:
+            sites.setdefault(key, what)
+            for n in range(1, len(key)):
+                prefixes.setdefault(key[:n], what)
+            continue
+        found.append(error("CLK051", message, path.span))
     return found
 
 
 def _argument_paths(c: ir.Contract) -> list[Diagnostic]:
     found = []
     for k in c.callables:
-        seen: list[tuple[Key, ir.Arg]] = []
+        leaves: dict[tuple, ir.Arg] = {}
+        prefixes: dict[tuple, ir.Arg] = {}
         for arg in k.args:
             if any(s.kind != "key" for s in arg.path.steps):
                 found.append(
@@ -148,19 +152,21 @@ def _argument_paths(c: ir.Contract) -> list[Diagnostic]:
                 )
                 continue
             key = ((arg.keyword, arg.path.root),) + tuple(s.value for s in arg.path.steps)
-            for other_key, other in seen:
-                shorter, longer = sorted((key, other_key), key=len)
-                if key != other_key and longer[: len(shorter)] == shorter:
-                    found.append(
-                        error(
-                            "CLK010",
-                            f"argument '{arg.path.dotted()}' of callable '{k.name}' overlaps "
-                            f"argument '{other.path.dotted()}': one cannot hold the other",
-                            arg.path.span,
-                        )
+            other = next((leaves[key[:n]] for n in range(1, len(key)) if key[:n] in leaves), None)
+            other = other or prefixes.get(key)
+            if other is not None:
+                found.append(
+                    error(
+                        "CLK010",
+                        f"argument '{arg.path.dotted()}' of callable '{k.name}' overlaps "
+                        f"argument '{other.path.dotted()}': one cannot hold the other",
+                        arg.path.span,
                     )
-                    break
-            seen.append((key, arg))
+                )
+                continue
+            leaves.setdefault(key, arg)  # an equal path: CLK010 "declared twice" elsewhere
+            for n in range(1, len(key)):
+                prefixes.setdefault(key[:n], arg)
     return found
 
 

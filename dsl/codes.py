@@ -74,8 +74,8 @@ _CODES = [
     Code(
         "CLK008",
         "error",
-        "expression nested too deeply",
-        "An expression is at most 32 operators or parentheses deep (e.g. a chain of `+` or nested `max`); write it with constants.",
+        "nested too deeply",
+        "An expression is at most 32 operators deep (e.g. a chain of `+` or nested `max`: write it with constants); a path has at most 32 steps.",
     ),
     # ---- names, units, numbers
     Code(

@@ -87,32 +87,39 @@ def _own_attribute(obj: Any, name: str) -> bool:
     return isinstance(inspect.getattr_static(type(obj), name, None), types.MemberDescriptorType)
 
 
-def _step(cur: Any, kind: str, value: Any, *, last_read: bool) -> Any:
-    """Resolve one step from `cur`, or raise SiteError with the reason."""
+def _enter(cur: Any, kind: str, value: Any) -> None:
+    """Raise SiteError unless a step `kind`/`value` may be taken from (or assigned in) `cur`."""
     why = _opaque(cur)
     if why is not None:
         raise SiteError(f"it passes through {why} ({type(cur).__name__})")
     if kind == "attr":
         if not isinstance(value, str) or value.startswith("__"):
             raise SiteError(f"attribute {value!r} is not a site segment (no `__` names)")
-        if _own_attribute(cur, value):
-            return getattr(cur, value)
-        if last_read:  # a method bound to this very object: `flow.inference_chunk`
-            bound = getattr(cur, value, None)
-            if isinstance(bound, types.MethodType) and bound.__self__ is cur:
-                return bound
-        raise SiteError(
-            f"{type(cur).__name__} holds no attribute {value!r} of its own "
-            "(class attributes and properties are not sites)"
-        )
-    if kind not in ("key", "index"):
+    elif kind in ("key", "index"):
+        if not isinstance(cur, _CONTAINERS):
+            raise SiteError(f"{type(cur).__name__} is not a plain container (dict, list, tuple)")
+    else:
         raise SiteError(f"unknown step kind {kind!r}")
-    if not isinstance(cur, _CONTAINERS):
-        raise SiteError(f"{type(cur).__name__} is not a plain container (dict, list, tuple)")
-    try:
-        return cur[value]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise SiteError(f"no item {value!r}") from exc
+
+
+def _step(cur: Any, kind: str, value: Any, *, last_read: bool) -> Any:
+    """Resolve one step from `cur`, or raise SiteError with the reason."""
+    _enter(cur, kind, value)
+    if kind != "attr":
+        try:
+            return cur[value]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise SiteError(f"no item {value!r}") from exc
+    if _own_attribute(cur, value):
+        return getattr(cur, value)
+    if last_read:  # a method bound to this very object: `flow.inference_chunk`
+        bound = getattr(cur, value, None)
+        if isinstance(bound, types.MethodType) and bound.__self__ is cur:
+            return bound
+    raise SiteError(
+        f"{type(cur).__name__} holds no attribute {value!r} of its own "
+        "(class attributes and properties are not sites)"
+    )
 
 
 def get_at(obj: Any, steps: tuple[Step, ...], *, what: str = "site") -> Any:
@@ -140,19 +147,16 @@ def set_at(obj: Any, steps: tuple[Step, ...], value: Any, *, what: str = "site")
         raise SiteError(f"{what}: an empty path cannot be assigned")
     parent = _walk(obj, steps[:-1], what=what, last_read=False)
     kind, key = steps[-1]
-    why = _opaque(parent)
-    if why is not None:
-        raise SiteError(f"{what} {format_path(steps)}: cannot assign inside {why}")
-    if kind == "attr":
-        if not isinstance(key, str) or key.startswith("__"):
-            raise SiteError(f"{what} {format_path(steps)}: {key!r} is not a site segment")
-        setattr(parent, key, value)
-    elif isinstance(parent, _CONTAINERS) and not isinstance(parent, tuple):
-        parent[key] = value
-    else:
-        raise SiteError(
-            f"{what} {format_path(steps)}: cannot assign an item of {type(parent).__name__}"
-        )
+    try:
+        _enter(parent, kind, key)
+        if kind == "key" or kind == "index":
+            if isinstance(parent, tuple):
+                raise SiteError("a tuple cannot be assigned in place")
+            parent[key] = value
+        else:
+            setattr(parent, key, value)
+    except SiteError as exc:
+        raise SiteError(f"{what} {format_path(steps)}: {exc.reason}", exc.reason) from None
 
 
 def replace_at(struct: Any, steps: tuple[Step, ...], value: Any) -> Any:

@@ -16,11 +16,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duplexcadence.compiler.analysis import DTYPE_BYTES, progression, tensor_bytes
+from duplexcadence.compiler.analysis import BOUND_CAP, DTYPE_BYTES, tensor_bytes
 from duplexcadence.compiler.driver import check_source
 from duplexcadence.compiler.extents import Progression, joint_count, joint_states
 from duplexcadence.dsl import ir
 from duplexcadence.runtime import HeadTail, Ring, TensorSpec, Window
+from fuzzing import TORCH_DTYPE
 
 
 def test_closed_form_k_at_sizes_no_enumeration_could_reach():
@@ -149,7 +150,7 @@ def test_width_never_exceeds_bound_at_any_size(wa, wb, fa, fb, ta, tb, la, lb):
             math.ceil((window - start) / stride) + 1 if window > start else 1
         )
     assert k.q_size == 2
-    assert k.bound == 2 * regions["a"].catalog_width * regions["b"].catalog_width
+    assert k.bound == min(2 * regions["a"].catalog_width * regions["b"].catalog_width, BOUND_CAP)
     assert k.width <= k.bound
     if la == lb and k.enumerated:  # lock-step: the larger K, per signature
         assert k.width == 2 * max(regions["a"].catalog_width, regions["b"].catalog_width)
@@ -185,8 +186,7 @@ def test_compiler_extents_equal_a_stream_with_the_runtime_retention(kind, a, b, 
     params = (a, b) if kind == "head_tail" else (a + b,)
     bound = sum(params)
     start = int(start_frac * bound)
-    numbers_ = _numbers(kind, params, start, stride)
-    p = progression(numbers_)
+    p = Progression(start, stride, bound)  # what analysis.progression makes of the region
     policy = _runtime_policy(kind, params)
     assert bound == (policy.capacity if kind != "head_tail" else policy.head + policy.tail)
     simulated = _simulate(policy, start, stride, calls=p.count + 5)
@@ -194,41 +194,9 @@ def test_compiler_extents_equal_a_stream_with_the_runtime_retention(kind, a, b, 
     assert set(simulated) == set(p.values(limit=10_000))
 
 
-def _numbers(kind, params, start, stride):
-    from duplexcadence.compiler.validate import RegionNumbers
-
-    bound = sum(params)
-    return RegionNumbers(
-        dims=(None,),
-        axis=0,
-        axis_clock="frame",
-        retention=(kind, params),
-        bound=bound,
-        start=start,
-        stride=stride,
-        flush=(),
-        envelope=bound,
-        stock=None,
-    )
-
-
-TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool8": torch.bool,
-}
-
-
 def test_dtype_sizes_are_torchs():
-    assert set(TORCH_DTYPES) == set(DTYPE_BYTES)
-    for name, dtype in TORCH_DTYPES.items():
+    assert set(TORCH_DTYPE) == set(DTYPE_BYTES)
+    for name, dtype in TORCH_DTYPE.items():
         assert DTYPE_BYTES[name] == torch.empty((), dtype=dtype).element_size()
 
 
@@ -237,7 +205,7 @@ def test_dtype_sizes_are_torchs():
     pad=st.lists(st.integers(0, 5), min_size=4, max_size=4),
     offset=st.integers(0, 9),
     strided=st.booleans(),
-    dtype=st.sampled_from(sorted(TORCH_DTYPES)),
+    dtype=st.sampled_from(sorted(TORCH_DTYPE)),
 )
 def test_staging_bytes_equal_the_runtime_tensorspec(dims, pad, offset, strided, dtype):
     strides = None
@@ -254,6 +222,62 @@ def test_staging_bytes_equal_the_runtime_tensorspec(dims, pad, offset, strided, 
     )
     checked = check_source("contract t\n", "t.clock").checked
     spec = TensorSpec(
-        tuple(dims), TORCH_DTYPES[dtype], stride=tuple(strides) if strides else None, offset=offset
+        tuple(dims), TORCH_DTYPE[dtype], stride=tuple(strides) if strides else None, offset=offset
     )
     assert tensor_bytes(arg, checked, {}) == spec.nbytes()
+
+
+def _flush_by_walking(p: Progression, flushes):
+    """Extents one partial flush reaches, walked call by call (the former algorithm)."""
+    steady = set(p.values(limit=10**6))
+    extra: set[int] = set()
+    for f in flushes:
+        for a in steady:
+            b = min(a + f, p.bound)
+            while b not in steady and b not in extra:
+                extra.add(b)
+                b = min(b + p.stride, p.bound)
+    return tuple(sorted(extra))
+
+
+@given(
+    start=st.integers(0, 60),
+    stride=st.integers(1, 25),
+    extra=st.integers(0, 200),
+    flushes=st.lists(st.integers(1, 80), max_size=4),
+)
+def test_flush_extents_closed_form_equals_the_walk(start, stride, extra, flushes):
+    p = Progression(start, stride, start + extra)
+    walked = _flush_by_walking(p, flushes)
+    assert p.flush_values(tuple(flushes), limit=10**6) == walked
+    assert p.flush_count(tuple(flushes)) == len(walked)
+
+
+def _big_contract(n: int) -> str:
+    out = ["contract big", "clock c0 = 1 per call"]
+    out += [f"clock c{i} = 1 per c{i - 1}" for i in range(1, n)]
+    out += [f"const k{i} = {i % 7 + 1} c0" for i in range(n)]
+    for i in range(n):
+        out.append(
+            f"region r{i} {{\n  dtype float32\n  dims [2, c0]\n  retention head(k{i}) ++ tail(3 c0)"
+            f'\n  attended from k{i} by 1 c0\n  site m{i}.state["r"]\n}}'
+        )
+        out.append(
+            f"callable f{i} {{\n  site m{i}.step\n  per c0\n  arg x: region r{i}\n"
+            f'  kwarg flag: bool\n  kwarg cache["a"]: float32 [1, n]\n  config flag in {{false, true}}'
+            f"\n  config n in {{1, 2}}\n  aliased r{i}\n  retains r{i} from result[1]\n}}"
+        )
+    return "\n".join(out) + "\n"
+
+
+def test_check_time_is_linear_in_contract_size():
+    def best_of_three(text):
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            assert check_source(text, "big.clock").ok
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    small, large = best_of_three(_big_contract(40)), best_of_three(_big_contract(160))
+    assert large / small < 8  # x4 the size: quadratic work would be x16
