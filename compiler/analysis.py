@@ -1,9 +1,14 @@
 """Analysis: attended extents, catalogs and the memory plan (paper §3.2–3.5).
 
-Everything here is integer arithmetic on a validated contract. Attended extents
-are found by simulating the region's clock (start, +stride per call, truncated
-by the retention), so the enumerated catalog is exact and can be checked
-against the closed form K = ceil(W / s) + 1 (Criterion 3.5).
+Everything here is integer arithmetic on a validated contract, in closed form
+(`extents.py`): K = ⌈W/s⌉ + 1 per region at any size, joint extents per callable
+by lifetime, and the catalog enumerated only when it is within the budget (it is
+then exactly what gets captured). A callable's width counts distinct signatures:
+configurations that differ only in variables no argument reads are one class.
+
+The analysis also evaluates every admitted configuration's tensor arguments, so a
+dim, stride or offset that is negative or too large for one configuration is a
+positioned diagnostic here, not a failure at capture.
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from duplexcadence.compiler import ir
-from duplexcadence.compiler.evaluate import Value, evaluate
+from duplexcadence.compiler.callable_rules import signature_variables
+from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
+from duplexcadence.compiler.extents import Progression, joint_states, joint_width, prod_capped
 from duplexcadence.compiler.validate import Checked, RegionNumbers
+from duplexcadence.dsl import ir
+from duplexcadence.dsl.diagnostics import Diagnostic, error
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -29,8 +37,12 @@ DTYPE_BYTES = {
     "uint8": 1,
     "bool8": 1,
 }
-# Above this many joint states a catalog is bounded, not enumerated.
-ENUMERATION_LIMIT = 100_000
+# Attended and flush extents are listed (JSON, tables, generated comments) up to this
+# many per region; past it only their closed form is given (start, stride, bound, K).
+LIST_LIMIT = 1000
+# |Q|·ΠK saturates here (it stays a bound; an exact product of hundreds of regions'
+# K would be thousands of digits, more than Python prints)
+BOUND_CAP = 10**100
 
 
 class _Frozen(BaseModel):
@@ -43,10 +55,14 @@ class RegionAnalysis(_Frozen):
     shape: tuple[int, ...]  # allocated (demand) shape
     axis: int | None
     retention: str | None
+    lifetime: str
+    start: int | None  # A^-, the first attended extent
+    bound: int | None  # A, the retained extent
     stride: int
     window: int  # W = A - A^-
-    attended: tuple[int, ...]  # exact set of attended extents reached
-    flush_extents: tuple[int, ...]  # extra extents reached by one partial flush
+    attended: tuple[int, ...]  # every attended extent, when at most LIST_LIMIT; else ()
+    flush_extents: tuple[int, ...]  # extra extents one partial flush reaches (same limit)
+    flush_count: int
     envelope: int | None
     catalog_width: int  # K_r = ceil(W/s) + 1 (1 when the extent is pinned)
     demand_bytes: int
@@ -66,17 +82,17 @@ class CatalogClass(_Frozen):
 class CallableAnalysis(_Frozen):
     name: str
     mode: str
-    q_size: int
+    q_size: int  # distinct signatures over the configurations (|Q|)
     region_widths: tuple[tuple[str, int], ...]
     # `region r[i]`: (region, config variable, slots read); the slots count in |Q|
     slots: tuple[tuple[str, str, int], ...] = ()
-    bound: int  # |Q| * prod K_r * |A|
+    bound: int  # |Q| * prod K_r * |A| (saturating at BOUND_CAP)
     # |A|: the declared ambient states (`ambient autocast in {...}`); every class is
     # captured once per state, sharing its staging buffers
     ambient_states: int = 1
-    enumerated: bool
-    classes: tuple[CatalogClass, ...]  # admitted classes, in enumeration order
-    rejected_by_admission: int
+    enumerated: bool  # the width is exact (else it is the bound)
+    classes: tuple[CatalogClass, ...]  # admitted classes in capture order, when in budget
+    rejected_by_admission: int  # configurations `admit` rejects
     width: int
     in_scope: bool
     scope_reason: str
@@ -95,51 +111,19 @@ class Analysis(_Frozen):
 
 
 # ------------------------------------------------------------------ regions
+def progression(numbers: RegionNumbers) -> Progression | None:
+    """A region's attended extents, or None when it has no retained extent."""
+    if numbers.bound is None:
+        return None
+    start = numbers.start if numbers.start is not None else numbers.bound
+    return Progression(start, numbers.stride or 0, numbers.bound)
+
+
 def retain(numbers: RegionNumbers, extent: int) -> int:
     """The extent kept after retention of a history of `extent` frames."""
     if numbers.bound is None:
         return extent
     return min(extent, numbers.bound)
-
-
-def attended_sequence(numbers: RegionNumbers, limit: int = ENUMERATION_LIMIT) -> list[int]:
-    """Attended extents call by call, from the start until the sequence repeats."""
-    if numbers.bound is None:
-        return []
-    if numbers.retention and numbers.retention[0] == "ring" and numbers.stride == 0:
-        return [numbers.bound]  # a ring attended in full: one extent
-    seq, seen, a = [], set(), numbers.start
-    while a not in seen and len(seq) < limit:
-        seen.add(a)
-        seq.append(a)
-        a = retain(numbers, a + numbers.stride)
-    return seq
-
-
-def catalog_width_formula(start: int, bound: int, stride: int) -> int:
-    """Criterion 3.5: K = ceil(W / s) + 1, W = A - A^-; a pinned extent has K = 1."""
-    window = bound - start
-    if window == 0 or stride == 0:
-        return 1
-    return math.ceil(window / stride) + 1
-
-
-def flush_extents(numbers: RegionNumbers, steady: list[int]) -> list[int]:
-    """Extents reached when one partial flush of f < s frames interrupts the steady stream."""
-    extra: set[int] = set()
-    for f in numbers.flush:
-        for a in steady:
-            b = retain(numbers, a + f)
-            for _ in range(ENUMERATION_LIMIT):
-                if b in steady or b in extra:
-                    break
-                extra.add(b)
-                b = retain(numbers, b + numbers.stride)
-    return sorted(extra)
-
-
-def _elements(dims) -> int:
-    return math.prod(dims)
 
 
 def analyse_region(r: ir.Region, n: RegionNumbers) -> RegionAnalysis:
@@ -150,23 +134,26 @@ def analyse_region(r: ir.Region, n: RegionNumbers) -> RegionAnalysis:
     )
     if r.allocate == "stock" and n.stock is not None:
         shape = n.stock  # the stock tensor itself is the region
-    steady = attended_sequence(n)
+    p = progression(n)
     bytes_per = DTYPE_BYTES[r.dtype]
-    demand = _elements(shape) * bytes_per
-    stock = _elements(n.stock) * bytes_per if n.stock else None
-    start = n.start if n.start is not None else (n.bound or 0)
+    demand = math.prod(shape) * bytes_per
+    stock = math.prod(n.stock) * bytes_per if n.stock else None
     return RegionAnalysis(
         name=r.name,
         dtype=r.dtype,
         shape=shape,
         axis=n.axis,
         retention=r.retention.kind if r.retention else None,
+        lifetime=r.lifetime,
+        start=p.start if p else None,
+        bound=p.bound if p else None,
         stride=n.stride,
-        window=(n.bound - start) if n.bound is not None else 0,
-        attended=tuple(sorted(steady)),
-        flush_extents=tuple(flush_extents(n, steady)),
+        window=(p.bound - p.start) if p else 0,
+        attended=tuple(sorted(p.values(LIST_LIMIT) or ())) if p else (),
+        flush_extents=(p.flush_values(n.flush, LIST_LIMIT) or ()) if p else (),
+        flush_count=p.flush_count(n.flush) if p else 0,
         envelope=n.envelope,
-        catalog_width=len(set(steady)) if steady else 1,
+        catalog_width=p.count if p else 1,
         demand_bytes=demand,
         stock_bytes=stock,
         rho=round(stock / demand, 3) if stock else None,
@@ -175,86 +162,98 @@ def analyse_region(r: ir.Region, n: RegionNumbers) -> RegionAnalysis:
 
 # ------------------------------------------------------------------ callables
 def config_space(k: ir.Callable) -> tuple[tuple[str, ...], list[tuple]]:
-    """Q: the product of the callable's declared non-extent configurations."""
+    """Q: the product of the callable's declared non-extent configurations
+    (bounded by validation: CLK032)."""
     names: list[str] = []
     axes: list[tuple] = []
     for cfg in k.configs:
         names.extend(cfg.names)
         axes.append(cfg.values)
-    combos = [sum(choice, ()) for choice in itertools.product(*axes)] if axes else [()]
+    combos = [tuple(itertools.chain.from_iterable(choice)) for choice in itertools.product(*axes)]
     return tuple(names), combos
 
 
 def _eval(expr: ir.Expr, checked: Checked, env: dict[str, Value]) -> int:
-    clocks = frozenset(k.name for k in checked.contract.clocks)
-    return evaluate(expr, checked.consts, clocks=clocks, names=env).value
+    return evaluate(expr, checked.consts, clocks=checked.clock_names, names=env).value
 
 
 def _value(v) -> Value:
     return Value(int(v)) if not isinstance(v, str) else Value(0)
 
 
+_COMPARE = {
+    "<=": lambda a, b: a <= b,
+    "<": lambda a, b: a < b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    ">=": lambda a, b: a >= b,
+    ">": lambda a, b: a > b,
+}
+
+
 def admitted(k: ir.Callable, checked: Checked, config: dict) -> bool:
     env = {n: _value(v) for n, v in config.items()}
-    for cond in k.admit:
-        left = _eval(cond.left, checked, env)
-        right = _eval(cond.right, checked, env)
-        ok = {
-            "<=": left <= right,
-            "<": left < right,
-            "==": left == right,
-            "!=": left != right,
-            ">=": left >= right,
-            ">": left > right,
-        }[cond.op]
-        if not ok:
-            return False
-    return True
+    return all(
+        _COMPARE[c.op](_eval(c.left, checked, env), _eval(c.right, checked, env)) for c in k.admit
+    )
 
 
-def joint_extents(
-    regions: list[str], numbers: dict[str, RegionNumbers]
-) -> tuple[list[tuple], bool]:
-    """Joint attended extents of a callable's regions, simulated call by call."""
-    if not regions:
-        return [()], True
-    seqs = {r: attended_sequence(numbers[r]) for r in regions}
-    bound = math.prod(len(set(s)) or 1 for s in seqs.values())
-    if bound > ENUMERATION_LIMIT:
-        return [], False
-    states: list[tuple] = []
-    seen: set[tuple] = set()
-    state = tuple(numbers[r].start for r in regions)
-    while state not in seen:
-        seen.add(state)
-        states.append(state)
-        state = tuple(retain(numbers[r], a + numbers[r].stride) for r, a in zip(regions, state))
-        if all(
-            numbers[r].retention and numbers[r].retention[0] == "ring" and numbers[r].stride == 0
-            for r in regions
-        ):
-            break
-    return states, True
+def tensor_layout(arg: ir.TensorArg, checked: Checked, config: dict):
+    """(dims, strides or None, offset) of a staged argument under one configuration."""
+    env = {n: _value(v) for n, v in config.items()}
+    dims = tuple(_eval(d, checked, env) for d in arg.dims)
+    strides = (
+        tuple(_eval(d, checked, env) for d in arg.strides) if arg.strides is not None else None
+    )
+    offset = _eval(arg.offset, checked, env) if arg.offset is not None else 0
+    return dims, strides, offset
 
 
 def tensor_bytes(arg: ir.TensorArg, checked: Checked, config: dict) -> int:
     """Bytes of the static buffer a staged argument needs: the storage span its
-    strides reach (a strided view stages its whole row stride), plus its offset."""
-    env = {n: _value(v) for n, v in config.items()}
-    dims = [_eval(d, checked, env) for d in arg.dims]
-    offset = _eval(arg.offset, checked, env) if arg.offset is not None else 0
-    if arg.strides is None:
-        span = _elements(dims)
+    strides reach (a strided view stages its whole row stride), plus its offset.
+    The runtime's `TensorSpec.nbytes` is the same formula (a property test ties them)."""
+    dims, strides, offset = tensor_layout(arg, checked, config)
+    if strides is None:
+        span = math.prod(dims)
     elif 0 in dims:
         span = 0
     else:
-        strides = [_eval(d, checked, env) for d in arg.strides]
         span = 1 + sum((d - 1) * st for d, st in zip(dims, strides))
     return (offset + span) * DTYPE_BYTES[arg.dtype]
 
 
+def _layout_problem(arg: ir.Arg, k: ir.Callable, checked: Checked, config: dict):
+    """A diagnostic if this configuration gives the argument an impossible layout."""
+    t = arg.type
+    shown = arg.path.dotted()
+    try:
+        dims, strides, offset = tensor_layout(t, checked, config)
+    except EvalError as e:
+        return error(e.code or "CLK018", f"argument '{shown}': {e.message}", e.span)
+    label = ", ".join(f"{n}={v}" for n, v in config.items())
+    under = f" (config {label})" if label else ""
+    if any(d < 0 for d in dims) or any(s < 0 for s in strides or ()) or offset < 0:
+        return error(
+            "CLK015",
+            f"argument '{shown}' of callable '{k.name}' has a negative dim, stride or "
+            f"offset{under}",
+            t.span,
+        )
+    if math.prod(dims) > MAX_VALUE or tensor_bytes(t, checked, config) > MAX_VALUE:
+        return error(
+            "CLK018",
+            f"argument '{shown}' of callable '{k.name}' spans more than 2**53 elements{under}",
+            t.span,
+        )
+    return None
+
+
 def analyse_callable(
-    k: ir.Callable, checked: Checked, regions: dict[str, RegionAnalysis]
+    k: ir.Callable,
+    checked: Checked,
+    regions: dict[str, RegionAnalysis],
+    problems: list[Diagnostic],
 ) -> CallableAnalysis:
     # only regions with a clock extent vary the signature; fixed regions are one shape
     # (a slot index `region r[i]` varies the aliased pointer: it counts in Q, as config i)
@@ -265,53 +264,37 @@ def analyse_callable(
     ]
     region_args = list(dict.fromkeys(region_args))
     names, q = config_space(k)
+    position = {n: i for i, n in enumerate(names)}
+    signatures, reps, rejected, failed = _configurations(k, checked, names, q, problems)
+
     widths = tuple((r, regions[r].catalog_width) for r in region_args)
     slots = tuple(
-        (a.type.region, a.type.index, len({v[names.index(a.type.index)] for v in q}))
+        (a.type.region, a.type.index, len({v[position[a.type.index]] for v in q}))
         for a in k.args
         if isinstance(a.type, ir.RegionArg) and a.type.index is not None
     )
     n_ambient = math.prod(len(set(a.values)) for a in k.ambient)
-    bound = len(q) * math.prod(w for _, w in widths) * n_ambient
-    states, enumerated = joint_extents(region_args, checked.regions)
+    bound = prod_capped([len(signatures), n_ambient] + [w for _, w in widths], BOUND_CAP - 1)
+    lifetimes = [regions[r].lifetime for r in region_args]
+    progressions = [progression(checked.regions[r]) for r in region_args]
+    count = joint_width(progressions, lifetimes)
+    enumerated = count is not None
+    width = count * len(reps) * n_ambient if enumerated else bound
     classes: list[CatalogClass] = []
-    rejected = 0
     staging = 0
-    for state in states:
-        for values in q:
-            config = dict(zip(names, values))
-            if not admitted(k, checked, config):
-                rejected += 1
-                continue
-            classes.append(
-                CatalogClass(extents=tuple(zip(region_args, state)), config=tuple(config.items()))
-            )
-            for a in k.args:
-                if isinstance(a.type, ir.TensorArg):
-                    staging += tensor_bytes(a.type, checked, config)
-                elif isinstance(a.type, ir.RegionArg) and a.type.region not in k.aliased:
-                    ra = regions[a.type.region]
-                    extent = dict(zip(region_args, state)).get(a.type.region, 1)
-                    per_frame = ra.demand_bytes // (ra.shape[ra.axis] if ra.axis is not None else 1)
-                    nbytes = per_frame * (extent if ra.axis is not None else 1)
-                    # `region r[i]` stages one slot of the leading axis
-                    staging += nbytes // ra.shape[0] if a.type.index is not None else nbytes
-    width = len(classes) * n_ambient if enumerated else bound
+    if not failed and width <= checked.budget:
+        states = joint_states(progressions, lifetimes, checked.budget) or []
+        for state in states:
+            extents = tuple(zip(region_args, state))
+            for config in reps.values():
+                classes.append(CatalogClass(extents=extents, config=tuple(config.items())))
+                staging += _staging(k, checked, regions, dict(extents), config)
     write_through = sum(regions[r].demand_bytes for r in k.writes if r in regions)
-    if width > checked.budget:
-        in_scope = False
-        slim = ", ".join(f"K({r})={w}" for r, w in widths if w > 1)
-        reason = f"catalog width {width} exceeds budget {checked.budget}" + (
-            f" ({slim})" if slim else ""
-        )
-    elif k.mode == "eager":
-        in_scope, reason = False, "declared `mode eager`"
-    else:
-        in_scope, reason = True, "exact catalog within budget"
+    in_scope, reason = _scope(k, width, enumerated, widths, checked.budget)
     return CallableAnalysis(
         name=k.name,
         mode=k.mode,
-        q_size=len(q),
+        q_size=len(signatures),
         region_widths=widths,
         slots=slots,
         bound=bound,
@@ -320,21 +303,83 @@ def analyse_callable(
         classes=tuple(classes),
         rejected_by_admission=rejected,
         width=width,
-        in_scope=in_scope,
+        in_scope=in_scope and not failed,
         scope_reason=reason,
         staging_bytes=staging if in_scope else 0,
         write_through_bytes=write_through if in_scope else 0,
     )
 
 
-def analyse(checked: Checked) -> Analysis:
+def _configurations(k: ir.Callable, checked: Checked, names, q, problems: list[Diagnostic]):
+    """(distinct signatures over Q, the first admitted configuration of each admitted
+    signature, configurations rejected by `admit`, whether an evaluation failed).
+    Every admitted signature's tensor layouts are evaluated and checked here."""
+    position = {n: i for i, n in enumerate(names)}
+    keyed = sorted(signature_variables(k), key=position.__getitem__)
+    signatures: dict[tuple, dict] = {}
+    reps: dict[tuple, dict] = {}
+    rejected = 0
+    for values in q:
+        config = dict(zip(names, values))
+        key = tuple(config[n] for n in keyed)
+        signatures.setdefault(key, config)
+        try:
+            ok = admitted(k, checked, config)
+        except EvalError as e:
+            problems.append(error(e.code or "CLK018", e.message, e.span))
+            return signatures, reps, rejected, True
+        if not ok:
+            rejected += 1
+            continue
+        reps.setdefault(key, config)
+    tensors = [a for a in k.args if isinstance(a.type, ir.TensorArg)]
+    for config in reps.values():
+        found = [p for p in (_layout_problem(a, k, checked, config) for a in tensors) if p]
+        if found:
+            problems.extend(found)
+            return signatures, reps, rejected, True
+    return signatures, reps, rejected, False
+
+
+def _scope(k: ir.Callable, width: int, enumerated: bool, widths, budget: int):
+    """(in scope, why) of one callable."""
+    if width > budget:
+        slim = ", ".join(f"K({r})={w}" for r, w in widths if w > 1)
+        shown = str(width) if enumerated else f"up to {width}"
+        return False, f"catalog width {shown} exceeds budget {budget}" + (
+            f" ({slim})" if slim else ""
+        )
+    if k.mode == "eager":
+        return False, "declared `mode eager`"
+    return True, "exact catalog within budget"
+
+
+def _staging(k: ir.Callable, checked: Checked, regions, extents: dict, config: dict) -> int:
+    """Eq. (6), first term, for one class: staged tensors and non-aliased regions."""
+    total = 0
+    for a in k.args:
+        if isinstance(a.type, ir.TensorArg):
+            total += tensor_bytes(a.type, checked, config)
+        elif isinstance(a.type, ir.RegionArg) and a.type.region not in k.aliased:
+            ra = regions[a.type.region]
+            extent = extents.get(a.type.region, 1)
+            per_frame = ra.demand_bytes // (ra.shape[ra.axis] if ra.axis is not None else 1)
+            nbytes = per_frame * (extent if ra.axis is not None else 1)
+            # `region r[i]` stages one slot of the leading axis
+            total += nbytes // ra.shape[0] if a.type.index is not None else nbytes
+    return total
+
+
+def analyse(checked: Checked) -> tuple[Analysis, list[Diagnostic]]:
+    """The analysis, and the diagnostics only per-configuration evaluation finds."""
     c = checked.contract
+    problems: list[Diagnostic] = []
     regions = {r.name: analyse_region(r, checked.regions[r.name]) for r in c.regions}
-    callables = tuple(analyse_callable(k, checked, regions) for k in c.callables)
+    callables = tuple(analyse_callable(k, checked, regions, problems) for k in c.callables)
     demand = sum(r.demand_bytes for r in regions.values())
     stock = sum((r.stock_bytes or r.demand_bytes) for r in regions.values())
     reserve = sum(k.staging_bytes + k.write_through_bytes for k in callables)
-    return Analysis(
+    analysis = Analysis(
         contract=c.name,
         budget=checked.budget,
         regions=tuple(regions.values()),
@@ -343,3 +388,4 @@ def analyse(checked: Checked) -> Analysis:
         stock_bytes=stock,
         reserve_bytes=reserve,
     )
+    return analysis, problems

@@ -1,7 +1,9 @@
 """`clockc`: check and compile `.clock` contracts.
 
-Exit status: 0 success (warnings allowed), 1 user errors or generated drift,
-2 usage errors (argparse). User errors are diagnostics, never tracebacks.
+Exit status: 0 success (warnings allowed), 1 user errors in a contract or generated
+drift, 2 usage errors (bad arguments, no contracts found, an output folder that
+cannot be written). User errors are diagnostics, never tracebacks; every other
+failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -13,17 +15,65 @@ import sys
 from pathlib import Path
 
 from duplexcadence.compiler.driver import Result, compiler_version, read_and_compile
-from duplexcadence.compiler.report import analysis_json, analysis_tables
-from duplexcadence.dsl.diagnostics import Diagnostic, render
+from duplexcadence.compiler.report import LEGEND, analysis_json, analysis_tables
+from duplexcadence.dsl.codes import CODES, explain
+from duplexcadence.dsl.diagnostics import Diagnostic, render, shown_path
 
 DEFAULT_CONTRACTS = "contracts"
 DEFAULT_OUTPUT = "generated"
+# Version of the `--format json` documents; raised when a field changes meaning.
+JSON_SCHEMA_VERSION = 1
+
+
+class UsageError(Exception):
+    """A command line that cannot be carried out: one line, exit status 2."""
 
 
 def _contracts(files: list[str]) -> list[Path]:
-    if files:
-        return [Path(f) for f in files]
-    return sorted(Path(DEFAULT_CONTRACTS).glob("*.clock"))
+    """The contracts named on the command line (a folder stands for its *.clock
+    files), or contracts/*.clock when none are named."""
+    if not files:
+        found = sorted(Path(DEFAULT_CONTRACTS).glob("*.clock"))
+        if not found:
+            raise UsageError("no contracts given and none found under contracts/")
+        return found
+    paths: list[Path] = []
+    for f in files:
+        p = Path(f)
+        if p.is_dir():
+            inside = sorted(p.glob("*.clock"))
+            if not inside:
+                raise UsageError(f"no .clock files in folder {shown_path(f)}")
+            paths += inside
+        else:
+            paths.append(p)  # a missing or unreadable file is a diagnostic (CLK005)
+    return paths
+
+
+def _output_dir(option: str | None) -> Path:
+    """The output folder: `-o DIR`, else generated/ where this is a contracts folder's
+    project (it has contracts/ or generated/), never a stray ./generated/ elsewhere."""
+    if option is None:
+        if not (Path(DEFAULT_CONTRACTS).is_dir() or Path(DEFAULT_OUTPUT).is_dir()):
+            raise UsageError(
+                "no -o DIR given and this folder has neither contracts/ nor generated/; "
+                "pass -o DIR to say where the generated package goes"
+            )
+        option = DEFAULT_OUTPUT
+    if "\0" in option or not option:
+        raise UsageError(f"-o {shown_path(option)!r} is not a usable folder name")
+    out = Path(option)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {shown_path(option)} exists and is not a folder")
+    return out
+
+
+def _document(command: str, entries: list[dict]) -> str:
+    return json.dumps(
+        {"schema_version": JSON_SCHEMA_VERSION, "command": command, "contracts": entries},
+        indent=2,
+        sort_keys=True,
+    )
 
 
 def _diagnostics_json(r: Result) -> list[dict]:
@@ -36,11 +86,7 @@ def _print_diagnostics(r: Result) -> None:
 
 
 def cmd_check(args) -> int:
-    paths = _contracts(args.files)
-    if not paths:
-        print("clockc: no contracts given and none found under contracts/", file=sys.stderr)
-        return 1
-    results = [read_and_compile(p, emit=False) for p in paths]
+    results = [read_and_compile(p, emit=False) for p in _contracts(args.files)]
     if args.format == "json":
         out = [
             {
@@ -51,32 +97,48 @@ def cmd_check(args) -> int:
             }
             for r in results
         ]
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print(_document("check", out))
     else:
         for r in results:
             _print_diagnostics(r)
             if r.analysis is not None:
                 print(analysis_tables(r.analysis))
+        if any(r.analysis is not None for r in results):
+            print(LEGEND)
     return 0 if all(r.ok for r in results) else 1
+
+
+def _write(target: Path, text: str) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot write {shown_path(target.as_posix())}: {_why(exc)}") from None
+
+
+def _read_current(target: Path) -> str:
+    """What --check compares against: the file's text, or "" where there is none."""
+    try:
+        return target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as exc:
+        return f"<unreadable: {_why(exc)}>\n"
+
+
+def _why(exc: Exception) -> str:
+    return exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def cmd_compile(args) -> int:
     paths = _contracts(args.files)
-    if not paths:
-        print("clockc: no contracts given and none found under contracts/", file=sys.stderr)
-        return 1
-    out_dir = Path(args.output)
+    out_dir = _output_dir(args.output)
     status = 0
     report = []
     for path in paths:
-        r = read_and_compile(path, emit=True)
-        entry = {
-            "path": r.path,
-            "ok": r.ok,
-            "diagnostics": _diagnostics_json(r),
-            "files": [],
-            "drift": [],
-        }
+        r = read_and_compile(path, emit=True, output=out_dir)
+        entry = {"path": r.path, "ok": r.ok, "diagnostics": _diagnostics_json(r)}
+        entry.update(files=[], drift=[])
         if args.format != "json":
             _print_diagnostics(r)
         if not r.ok:
@@ -87,31 +149,43 @@ def cmd_compile(args) -> int:
         for name, text in sorted(r.files.items()):
             target = package / name
             entry["files"].append(target.as_posix())
-            if args.check:
-                current = target.read_text(encoding="utf-8") if target.exists() else ""
-                if current != text:
-                    status = 1
-                    entry["drift"].append(target.as_posix())
-                    if args.format != "json":
-                        sys.stdout.writelines(
-                            difflib.unified_diff(
-                                current.splitlines(keepends=True),
-                                text.splitlines(keepends=True),
-                                fromfile=f"a/{target.as_posix()}",
-                                tofile=f"b/{target.as_posix()}",
-                            )
+            if not args.check:
+                _write(target, text)
+                continue
+            current = _read_current(target)
+            if current != text:
+                status = 1
+                entry["drift"].append(target.as_posix())
+                if args.format != "json":
+                    sys.stdout.writelines(
+                        difflib.unified_diff(
+                            current.splitlines(keepends=True),
+                            text.splitlines(keepends=True),
+                            fromfile=f"a/{target.as_posix()}",
+                            tofile=f"b/{target.as_posix()}",
                         )
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text, encoding="utf-8")
+                    )
         if args.format != "json":
             verb = "checked" if args.check else "wrote"
             state = "drift" if entry["drift"] else "ok"
-            print(f"{verb} {package.as_posix()}/ ({len(r.files)} files) from {r.path}: {state}")
+            shown = shown_path(package.as_posix())
+            print(f"{verb} {shown}/ ({len(r.files)} files) from {shown_path(r.path)}: {state}")
         report.append(entry)
     if args.format == "json":
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(_document("compile", report))
     return status
+
+
+def cmd_explain(code: str) -> int:
+    if code.lower() == "all":
+        for c in CODES.values():
+            print(f"{c.code}  {c.severity:<7}  {c.title}")
+        return 0
+    text = explain(code)
+    if text is None:
+        raise UsageError(f"unknown diagnostic code {code!r}; `clockc --explain all` lists them")
+    print(text, end="")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,32 +194,36 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check and compile native-clock contracts (.clock) into exact-replay adapters.",
     )
     parser.add_argument("--version", action="version", version=f"clockc {compiler_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument(
+        "--explain",
+        nargs="?",
+        const="all",
+        metavar="CODE",
+        help="explain a diagnostic code (e.g. CLK020); without CODE, list every code",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    files_help = "contracts or folders of them (default: contracts/*.clock)"
 
     check = sub.add_parser(
         "check", help="report diagnostics and the analysis (catalogs, memory plan)"
     )
-    check.add_argument(
-        "files", nargs="*", metavar="FILE", help="contracts (default: contracts/*.clock)"
-    )
+    check.add_argument("files", nargs="*", metavar="FILE", help=files_help)
     check.add_argument("--format", choices=("text", "json"), default="text")
     check.set_defaults(func=cmd_check)
 
     comp = sub.add_parser("compile", help="generate adapter packages under generated/<contract>/")
-    comp.add_argument(
-        "files", nargs="*", metavar="FILE", help="contracts (default: contracts/*.clock)"
-    )
+    comp.add_argument("files", nargs="*", metavar="FILE", help=files_help)
     comp.add_argument(
         "-o",
         "--output",
-        default=DEFAULT_OUTPUT,
+        default=None,
         metavar="DIR",
-        help="output folder (default: generated)",
+        help="output folder (default: generated/, only where ./contracts/ or ./generated/ exists)",
     )
     comp.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; print a diff and exit 1 if generated/ is stale",
+        help="write nothing; print a diff and exit 1 if the output folder is stale",
     )
     comp.add_argument("--format", choices=("text", "json"), default="text")
     comp.set_defaults(func=cmd_compile)
@@ -153,8 +231,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.explain is not None:
+            return cmd_explain(args.explain)
+        if args.command is None:
+            parser.error("a command is required (check or compile), or --explain")
+        return args.func(args)
+    except UsageError as exc:
+        print(f"clockc: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,29 +2,36 @@
 
 Each stage stops the pipeline only when the previous one found errors, so one run
 reports every problem it can. Nothing here prints; the CLI presents the result.
+
+Reading a contract is bounded: only regular files (never a device, a pipe or a
+directory, whatever a link points to), at most `MAX_SOURCE_BYTES`, UTF-8. The
+generated header names the contract independently of the current directory and
+of what is installed: by its path relative to the folder that holds the output
+folder (`contracts/x.clock` for `generated/`), else by its file name, escaped so
+no file name can put a line break into generated code.
 """
 
 from __future__ import annotations
 
 import hashlib
+import stat
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from duplexcadence.compiler import ir
+from duplexcadence.compiler import __version__
 from duplexcadence.compiler.analysis import Analysis, analyse
 from duplexcadence.compiler.emit import render_package
 from duplexcadence.compiler.lower import lower
 from duplexcadence.compiler.validate import Checked, validate
-from duplexcadence.dsl.diagnostics import Diagnostic, error, has_errors, warning
+from duplexcadence.dsl import ir
+from duplexcadence.dsl.diagnostics import Diagnostic, error, has_errors, shown_path, warning
 from duplexcadence.dsl.parser import parse
+
+MAX_SOURCE_BYTES = 1 << 20
 
 
 def compiler_version() -> str:
-    try:
-        return version("duplexcadence")
-    except PackageNotFoundError:  # running from a source tree without install
-        return "0+unknown"
+    return __version__
 
 
 @dataclass
@@ -42,12 +49,15 @@ class Result:
         return not has_errors(self.diagnostics)
 
 
-def display_name(path: Path) -> str:
-    """The path as the header shows it: relative to cwd when inside it, else its name."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.name
+def header_name(path: Path, output: Path | None) -> str:
+    """How the generated header names the contract (see the module docstring)."""
+    name = path.name
+    if output is not None:
+        try:
+            name = path.resolve().relative_to(output.resolve().parent).as_posix()
+        except (OSError, ValueError, RuntimeError):
+            pass
+    return shown_path(name)
 
 
 def check_source(source: str, path: str) -> Result:
@@ -62,10 +72,13 @@ def check_source(source: str, path: str) -> Result:
     if has_errors(result.diagnostics):
         return result
     result.checked = checked
-    result.analysis = analyse(checked)
+    result.analysis, problems = analyse(checked)
+    result.diagnostics.extend(problems)
     for k, ka in zip(contract.callables, result.analysis.callables):
         if ka.in_scope or k.mode == "eager" and ka.width <= checked.budget:
             continue
+        if problems and not ka.in_scope and ka.width <= checked.budget and k.mode == "replay":
+            continue  # out of scope only because its evaluation failed: reported above
         span = k.prop_spans.get("mode", k.span)
         if k.mode == "eager":
             result.diagnostics.append(
@@ -84,21 +97,41 @@ def check_source(source: str, path: str) -> Result:
                     span,
                 )
             )
+    nodes = {x.name: x for x in contract.regions}
     for r in result.analysis.regions:
-        if r.stock_bytes is not None and r.demand_bytes > r.stock_bytes:
-            region = next(x for x in contract.regions if x.name == r.name)
+        problem = _stock_problem(nodes[r.name], r, checked.regions[r.name])
+        if problem is not None:
+            region = nodes[r.name]
             result.diagnostics.append(
-                error(
-                    "CLK031",
-                    f"region '{r.name}' needs {r.demand_bytes} bytes, more than its stock "
-                    f"constant ({r.stock_bytes} bytes); a demand size cannot exceed the stock envelope",
-                    region.prop_spans.get("stock", region.span),
-                )
+                error("CLK031", problem, region.prop_spans.get("stock", region.span))
             )
     return result
 
 
-def compile_source(source: str, path: str) -> Result:
+def _stock_problem(region: ir.Region, r, numbers) -> str | None:
+    """Why the stock constant cannot hold the demand-sized region, or None. The stock
+    tensor at the site is what bind() copies from (a carry: off its extent axis)."""
+    if r.stock_bytes is None or region.allocate == "stock":
+        return None
+    if r.demand_bytes > r.stock_bytes:
+        return (
+            f"region '{r.name}' needs {r.demand_bytes} bytes, more than its stock constant "
+            f"({r.stock_bytes} bytes); a demand size cannot exceed the stock envelope"
+        )
+    for i, (need, have) in enumerate(zip(r.shape, numbers.stock)):
+        if numbers.retention is not None and i == r.axis:
+            continue
+        if need > have:
+            return (
+                f"region '{r.name}' needs {need} along dim {i}, more than its stock "
+                f"constant holds ({have}); the stock tensor could not hold the region"
+            )
+    return None
+
+
+def compile_source(source: str, path: str, *, source_name: str | None = None) -> Result:
+    """Check and generate. The header names the contract `source_name` (escaped),
+    by default `path`."""
     result = check_source(source, path)
     if not result.ok:
         return result
@@ -106,21 +139,55 @@ def compile_source(source: str, path: str) -> Result:
         result.checked,
         result.analysis,
         compiler_version=compiler_version(),
-        source_name=path,
+        source_name=shown_path(source_name if source_name is not None else path),
         source_sha256=hashlib.sha256(source.encode()).hexdigest(),
     )
     result.files = render_package(context)
     return result
 
 
-def read_and_compile(path: Path, *, emit: bool) -> Result:
-    name = display_name(path)
+def read_contract(path: Path) -> tuple[str | None, Diagnostic | None]:
+    """The contract text, or the one diagnostic saying why it cannot be read."""
+
+    def cannot(why: str, code: str = "CLK005") -> tuple[None, Diagnostic]:
+        return None, error(code, f"cannot read contract: {why}")
+
     try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return Result(
-            path=name,
-            source="",
-            diagnostics=[error("CLK005", f"cannot read contract: {exc.__class__.__name__}: {exc}")],
-        )
-    return compile_source(source, name) if emit else check_source(source, name)
+        info = path.stat()  # follows links: what matters is what the link points to
+    except (OSError, ValueError) as exc:
+        return cannot(_reason(exc))
+    if stat.S_ISDIR(info.st_mode):
+        return cannot("it is a directory")
+    if not stat.S_ISREG(info.st_mode):
+        return cannot("not a regular file (a device, a pipe or a socket)")
+    if info.st_size > MAX_SOURCE_BYTES:
+        return cannot(f"{info.st_size} bytes; at most {MAX_SOURCE_BYTES} are read", "CLK006")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+    except (OSError, ValueError) as exc:
+        return cannot(_reason(exc))
+    if len(data) > MAX_SOURCE_BYTES:
+        return cannot(f"more than {MAX_SOURCE_BYTES} bytes", "CLK006")
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return cannot(f"not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x})")
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return "invalid path" if isinstance(exc, ValueError) else "cannot be opened"
+
+
+def read_and_compile(path: Path, *, emit: bool, output: Path | None = None) -> Result:
+    """Check (or check and generate) the contract at `path`; diagnostics name the
+    path as given. `output` is the folder the package goes to (for the header)."""
+    shown = path.as_posix()
+    source, problem = read_contract(path)
+    if problem is not None:
+        return Result(path=shown, source="", diagnostics=[problem])
+    if not emit:
+        return check_source(source, shown)
+    return compile_source(source, shown, source_name=header_name(path, output))

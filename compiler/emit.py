@@ -7,6 +7,8 @@ every run and every machine. No timestamps, no absolute paths.
 
 from __future__ import annotations
 
+import functools
+
 import black
 import jinja2
 
@@ -20,6 +22,7 @@ BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY
 FILTERS = {"pyrepr": repr}
 
 
+@functools.lru_cache(maxsize=1)  # templates compile once per process, not once per contract
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("duplexcadence.templates", "."),

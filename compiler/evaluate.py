@@ -5,15 +5,22 @@ subtraction and `max` need equal units; a product takes the unit of its one
 dimensioned factor. `extent(R)` is a region's attended bound, supplied by the
 caller. Errors are raised as `EvalError` carrying the offending span; callers
 turn them into diagnostics.
+
+Every intermediate value is bounded by `MAX_VALUE` (2**53, exact in a float and in
+JSON), so arithmetic on a contract never builds unbounded integers. A name listed
+in `poisoned` (a declaration that already failed) raises `EvalError` with code
+None: the caller drops it, so one mistake is reported once, not again at every use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import AbstractSet, Callable, Mapping
 
-from duplexcadence.compiler import ir
+from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Span
+
+MAX_VALUE = 2**53
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,7 @@ class Value:
 
 
 class EvalError(Exception):
-    def __init__(self, code: str, message: str, span: Span):
+    def __init__(self, code: str | None, message: str, span: Span):
         super().__init__(message)
         self.code, self.message, self.span = code, message, span
 
@@ -42,10 +49,17 @@ def evaluate(
     clocks: frozenset[str] = frozenset(),
     names: Mapping[str, Value] | None = None,
     extent: Callable[[str, Span], Value] | None = None,
+    poisoned: AbstractSet[str] = frozenset(),
 ) -> Value:
     """Evaluate `expr`. `names` binds extra names (config variables) and wins over consts."""
 
     def go(e: ir.Expr) -> Value:
+        v = step(e)
+        if abs(v.value) > MAX_VALUE:
+            raise EvalError("CLK018", f"value {_short(v.value)} exceeds 2**53", e.span)
+        return v
+
+    def step(e: ir.Expr) -> Value:
         if isinstance(e, ir.Quantity):
             if e.unit is not None and e.unit not in clocks:
                 raise EvalError(
@@ -57,6 +71,8 @@ def evaluate(
                 return names[e.name]
             if e.name in consts:
                 return consts[e.name]
+            if e.name in poisoned:
+                raise EvalError(None, f"'{e.name}' failed to evaluate", e.span)
             if e.name in clocks:
                 raise EvalError(
                     "CLK012",
@@ -85,6 +101,11 @@ def evaluate(
         return Value(value, left.unit)
 
     return go(expr)
+
+
+def _short(value: int) -> str:
+    text = str(value) if abs(value) < 10**30 else f"~1e{len(str(abs(value))) - 1}"
+    return text
 
 
 def _same_unit(values: list[Value], exprs, op: str) -> None:

@@ -9,7 +9,7 @@ identifiers that the grammar restricts to a safe character set and from
 
 from __future__ import annotations
 
-from duplexcadence.compiler import ir
+from duplexcadence.dsl import ir
 from duplexcadence.compiler.analysis import Analysis, CatalogClass, _eval, _value
 from duplexcadence.compiler.validate import Checked
 
@@ -75,15 +75,24 @@ def _structure(args: list[ir.Arg], cls: CatalogClass, checked: Checked) -> str:
         if len(members) == 1 and not members[0].path.steps:
             parts.append((root, _leaf_code(members[0], cls, checked)))
         else:
-            items = ", ".join(
-                f"{m.path.steps[-1].value!r}: {_leaf_code(m, cls, checked)}" for m in members
-            )
-            parts.append((root, "{" + items + "}"))
+            # `cache["a"]["x"]`: key paths nest (validation allows key steps only, no overlap)
+            tree: dict = {}
+            for m in members:
+                node = tree
+                for s in m.path.steps[:-1]:
+                    node = node.setdefault(s.value, {})
+                node[m.path.steps[-1].value] = _leaf_code(m, cls, checked)
+            parts.append((root, _dict_code(tree)))
     return parts
 
 
 def _autocast_code(state: str) -> str:
     return "Autocast(None)" if state == "off" else f"Autocast(torch.{state})"
+
+
+def _dict_code(tree: dict) -> str:
+    items = (f"{k!r}: {v if isinstance(v, str) else _dict_code(v)}" for k, v in tree.items())
+    return "{" + ", ".join(items) + "}"
 
 
 def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
@@ -281,4 +290,3 @@ def _imports(regions: list[dict], callables: list[dict], constants: list[dict]) 
         if k["counters"]:
             used.add("Counter")
     return sorted(used)
-

@@ -79,9 +79,7 @@ def footprint(checked: Checked, analysis: Analysis) -> Footprint:
     lane_regions = sum(s.nbytes for s in shares if s.install != "declared")
     staging = sum(k.staging_bytes for k in analysis.callables)
     site_regions = {r.name for r in c.regions if r.site is not None}
-    eager = sum(
-        s.nbytes for s in shares if s.install == "allocate" and s.name in site_regions
-    )
+    eager = sum(s.nbytes for s in shares if s.install == "allocate" and s.name in site_regions)
     return Footprint(
         contract=c.name,
         per_session_bytes=per_session,

@@ -1,4 +1,4 @@
-"""Human and machine views of an analysis: rich tables and a JSON-ready dict."""
+"""Human and machine views of an analysis: rich tables, their legend, a JSON-ready dict."""
 
 from __future__ import annotations
 
@@ -10,6 +10,19 @@ from rich.table import Table
 from duplexcadence.compiler.analysis import Analysis
 
 MIB = 2**20
+
+LEGEND = """\
+legend:
+  s          attended stride: frames the attended extent grows per call
+  W          attended window A - A-: from the first attended extent A- to the retained one A
+  attended   the attended extents A-, A- + s, ..., A (what consumers read; fixes signatures)
+  K          attended extents of a region, ceil(W / s) + 1 (1 when the extent never moves)
+  rho        over-reservation: stock bytes / demand bytes
+  |Q|        distinct signatures over the callable's configurations (flags, lengths, slots)
+  bound      |Q| * product of K over its regions (Criterion 3.5)
+  width      catalog classes: joint extents x admitted signatures (the graphs captured)
+  reserve    replay reserve (eq. 6): staging of non-aliased inputs over all classes
+             + the envelopes of write-through regions"""
 
 
 def analysis_json(a: Analysis) -> dict:
@@ -36,11 +49,12 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
             col, justify="right" if col not in ("region", "retention", "shape") else "left"
         )
     for r in a.regions:
-        attended = (
-            ", ".join(map(str, r.attended))
-            if len(r.attended) <= 6
-            else f"{r.attended[0]}..{r.attended[-1]}"
-        )
+        if r.bound is None:
+            attended = ""
+        elif r.catalog_width <= 6:
+            attended = ", ".join(map(str, r.attended))
+        else:  # closed form: listing is bounded (attended may be empty past LIST_LIMIT)
+            attended = f"{r.start}..{r.bound} by {r.stride}"
         regions.add_row(
             r.name,
             "x".join(map(str, r.shape)),

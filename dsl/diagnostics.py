@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from duplexcadence.dsl.codes import CODES
+
 
 class Severity(str, Enum):
     ERROR = "error"
@@ -48,26 +50,42 @@ class Diagnostic:
         }
 
 
+def _make(severity: Severity, code: str, message: str, span: Span | None) -> Diagnostic:
+    registered = CODES.get(code)
+    if registered is None or registered.severity != severity.value:
+        raise ValueError(f"{code} is not a registered {severity.value} code (dsl/codes.py)")
+    return Diagnostic(severity, code, message, span or Span())
+
+
 def error(code: str, message: str, span: Span | None = None) -> Diagnostic:
-    return Diagnostic(Severity.ERROR, code, message, span or Span())
+    return _make(Severity.ERROR, code, message, span)
 
 
 def warning(code: str, message: str, span: Span | None = None) -> Diagnostic:
-    return Diagnostic(Severity.WARNING, code, message, span or Span())
+    return _make(Severity.WARNING, code, message, span)
 
 
 def has_errors(diagnostics: list[Diagnostic]) -> bool:
     return any(d.severity == Severity.ERROR for d in diagnostics)
 
 
+def shown_path(path: str) -> str:
+    """A path as diagnostics print it: unchanged, unless it holds characters that are
+    not printable (a newline, an escape sequence), which are shown escaped so a file
+    name can never rewrite the terminal or forge a second diagnostic line."""
+    return path if path.isprintable() else ascii(path)[1:-1]
+
+
 def render(diagnostics: list[Diagnostic], path: str, source: str) -> str:
-    """Render sorted diagnostics with the offending source line and a caret."""
+    """Render sorted diagnostics with the offending source line and a caret.
+
+    A diagnostic about the file itself (no position) is `path: error[CODE]: ...`."""
     lines = source.splitlines()
+    path = shown_path(path)
     out: list[str] = []
     for d in sorted(diagnostics, key=Diagnostic.sort_key):
-        out.append(
-            f"{path}:{d.span.line}:{d.span.column}: {d.severity.value}[{d.code}]: {d.message}"
-        )
+        where = f"{path}:{d.span.line}:{d.span.column}" if d.span.line else path
+        out.append(f"{where}: {d.severity.value}[{d.code}]: {d.message}")
         if 1 <= d.span.line <= len(lines):
             text = lines[d.span.line - 1].rstrip()
             out.append(f"    {text}")

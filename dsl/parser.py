@@ -1,9 +1,10 @@
 """Parse `.clock` text into the contract IR, reporting syntax errors as diagnostics.
 
 One cached LALR parser (positions propagated) and a transformer that builds IR
-nodes directly, each carrying its span. Syntax errors are turned into
-`file:line:col` diagnostics whose "expected ..." lists read like the language
-("a name", "'{'"), never like lark's internal terminal names.
+nodes directly, each carrying its span. Syntax errors and the input limits, checked
+on the parse tree before anything recurses over it, are diagnostics made by
+`syntax_errors.py`. (The file size is bounded by whoever reads the file:
+`compiler/driver.py`.)
 """
 
 from __future__ import annotations
@@ -12,76 +13,17 @@ import functools
 from importlib import resources
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedInput
 
-from duplexcadence.compiler import ir
+from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, Span, error
-
-# How terminals are named in "expected ..." messages.
-_FRIENDLY = {
-    "NAME": "a name",
-    "INT": "an integer",
-    "STRING": 'a "string"',
-    "DTYPE": "a dtype (float32, bfloat16, int64, ...)",
-    "SCALAR_TYPE": "a scalar type (bool, int, float, none)",
-    "LIFETIME": "a lifetime (operator, unit, chunk, turn, session, process)",
-    "MUTABILITY": "a mutability (immutable, mutable, copy_on_write)",
-    "ADDRESS": "an address kind (stable, moves, pinned)",
-    "ALLOCATION": "an allocation (demand, stock)",
-    "EFFECT": "an effect (none, device_rng, host_rng)",
-    "MODE": "a mode (replay, eager)",
-    "INSTALL": "an install kind (device_buffer, hoisted, left_eager)",
-    "COMPARE": "a comparison (<=, <, ==, !=, >=, >)",
-    "$END": "end of file",
-}
+from duplexcadence.dsl.syntax_errors import input_limits, meta_span, syntax_diagnostic, token_span
 
 
 @functools.lru_cache(maxsize=1)
 def _parser() -> Lark:
     grammar = resources.files("duplexcadence.dsl").joinpath("clock.lark").read_text()
     return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
-
-
-def _describe(terminal: str) -> str:
-    if terminal in _FRIENDLY:
-        return _FRIENDLY[terminal]
-    for t in _parser().terminals:
-        if t.name == terminal:
-            if t.pattern.type == "str":
-                return f"'{t.pattern.value}'"
-            return terminal.lower()
-    return terminal.lower()
-
-
-def _token_text(token: Token) -> str:
-    if token.type == "$END":
-        return "end of file"
-    return f"'{token.value}'"
-
-
-def _syntax_diagnostic(exc: UnexpectedInput) -> Diagnostic:
-    span = Span(exc.line if exc.line > 0 else 1, exc.column if exc.column > 0 else 1)
-    if isinstance(exc, UnexpectedCharacters):
-        char = exc.char if exc.char.isprintable() else repr(exc.char)
-        return error("CLK002", f"unexpected character '{char}'", span)
-    expected = sorted({_describe(t) for t in getattr(exc, "expected", set()) or set()})
-    listing = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
-    if isinstance(exc, UnexpectedEOF) or (
-        isinstance(exc, UnexpectedToken) and exc.token.type == "$END"
-    ):
-        return error("CLK003", f"unexpected end of file; expected {listing}", span)
-    assert isinstance(exc, UnexpectedToken)
-    return error("CLK001", f"unexpected {_token_text(exc.token)}; expected {listing}", span)
-
-
-def _span(meta) -> Span:
-    if getattr(meta, "empty", True):
-        return Span()
-    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
-
-
-def _tok_span(tok: Token) -> Span:
-    return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column)
 
 
 class _Prop:
@@ -112,65 +54,65 @@ class _ToIR(Transformer):
 
     def quantity(self, meta, c):
         value, unit = c
-        return ir.Quantity(value=int(value), unit=str(unit) if unit else None, span=_span(meta))
+        return ir.Quantity(value=int(value), unit=str(unit) if unit else None, span=meta_span(meta))
 
     def name_ref(self, meta, c):
-        return ir.NameRef(name=str(c[0]), span=_span(meta))
+        return ir.NameRef(name=str(c[0]), span=meta_span(meta))
 
     def add(self, meta, c):
-        return ir.BinOp(op="+", left=c[0], right=c[1], span=_span(meta))
+        return ir.BinOp(op="+", left=c[0], right=c[1], span=meta_span(meta))
 
     def sub(self, meta, c):
-        return ir.BinOp(op="-", left=c[0], right=c[1], span=_span(meta))
+        return ir.BinOp(op="-", left=c[0], right=c[1], span=meta_span(meta))
 
     def mul(self, meta, c):
-        return ir.BinOp(op="*", left=c[0], right=c[1], span=_span(meta))
+        return ir.BinOp(op="*", left=c[0], right=c[1], span=meta_span(meta))
 
     def max_of(self, meta, c):
-        return ir.MaxOf(items=tuple(c), span=_span(meta))
+        return ir.MaxOf(items=tuple(c), span=meta_span(meta))
 
     def extent_of(self, meta, c):
-        return ir.ExtentOf(region=str(c[0]), span=_span(meta))
+        return ir.ExtentOf(region=str(c[0]), span=meta_span(meta))
 
     def dim_list(self, meta, c):
         return tuple(x for x in c if x is not None)
 
     # ---- paths
     def attr_step(self, meta, c):
-        return ir.PathStep(kind="attr", value=str(c[0]), span=_span(meta))
+        return ir.PathStep(kind="attr", value=str(c[0]), span=meta_span(meta))
 
     def key_step(self, meta, c):
-        return ir.PathStep(kind="key", value=str(c[0])[1:-1], span=_span(meta))
+        return ir.PathStep(kind="key", value=str(c[0])[1:-1], span=meta_span(meta))
 
     def index_step(self, meta, c):
-        return ir.PathStep(kind="index", value=int(c[0]), span=_span(meta))
+        return ir.PathStep(kind="index", value=int(c[0]), span=meta_span(meta))
 
     def path(self, meta, c):
-        return ir.Path(root=str(c[0]), steps=tuple(c[1:]), span=_span(meta))
+        return ir.Path(root=str(c[0]), steps=tuple(c[1:]), span=meta_span(meta))
 
     def dotted(self, meta, c):
         return ".".join(str(x) for x in c)
 
     def name_list(self, meta, c):
-        return tuple((str(x), _tok_span(x)) for x in c)
+        return tuple((str(x), token_span(x)) for x in c)
 
     # ---- top-level items (returned as tagged tuples, folded in `start`)
     def contract_decl(self, meta, c):
-        return ("contract", str(c[0]), _span(meta))
+        return ("contract", str(c[0]), meta_span(meta))
 
     def target_decl(self, meta, c):
-        return ("target", str(c[0])[1:-1], _span(meta))
+        return ("target", str(c[0])[1:-1], meta_span(meta))
 
     def budget_decl(self, meta, c):
-        return ("budget", int(c[0]), _span(meta))
+        return ("budget", int(c[0]), meta_span(meta))
 
     def determinism_decl(self, meta, c):
-        return ("determinism", ir.Determinism(setting=c[0], value=c[1], span=_span(meta)))
+        return ("determinism", ir.Determinism(setting=c[0], value=c[1], span=meta_span(meta)))
 
     def rate_clock(self, meta, c):
         name, rate, parent = c
         node = ir.Clock(
-            name=str(name), kind="rate", rate=int(rate), parent=str(parent), span=_tok_span(name)
+            name=str(name), kind="rate", rate=int(rate), parent=str(parent), span=token_span(name)
         )
         return ("clock", node)
 
@@ -179,12 +121,12 @@ class _ToIR(Transformer):
             name=str(c[0]),
             kind="product",
             factors=tuple(str(x) for x in c[1:]),
-            span=_tok_span(c[0]),
+            span=token_span(c[0]),
         )
         return ("clock", node)
 
     def const_decl(self, meta, c):
-        return ("const", ir.Const(name=str(c[0]), expr=c[1], span=_tok_span(c[0])))
+        return ("const", ir.Const(name=str(c[0]), expr=c[1], span=token_span(c[0])))
 
     # ---- block properties
     def _prop(key):
@@ -192,7 +134,7 @@ class _ToIR(Transformer):
             value = c[0] if len(c) == 1 else tuple(c)
             if isinstance(value, Token):
                 value = str(value)
-            return _Prop(key, value, _span(meta))
+            return _Prop(key, value, meta_span(meta))
 
         return handler
 
@@ -213,7 +155,7 @@ class _ToIR(Transformer):
     prop_install = _prop("install")
 
     def prop_note(self, meta, c):
-        return _Prop("note", str(c[0])[1:-1], _span(meta))
+        return _Prop("note", str(c[0])[1:-1], meta_span(meta))
 
     def until(self, meta, c):
         return ("until", c[0])
@@ -228,23 +170,23 @@ class _ToIR(Transformer):
             stride=stride,
             until=until[1] if until else None,
             flush=flush[1] if flush else (),
-            span=_span(meta),
+            span=meta_span(meta),
         )
-        return _Prop("attended", node, _span(meta))
+        return _Prop("attended", node, meta_span(meta))
 
     def ring(self, meta, c):
-        return ir.Retention(kind="ring", params=(c[0],), span=_span(meta))
+        return ir.Retention(kind="ring", params=(c[0],), span=meta_span(meta))
 
     def window(self, meta, c):
-        return ir.Retention(kind="window", params=(c[0],), span=_span(meta))
+        return ir.Retention(kind="window", params=(c[0],), span=meta_span(meta))
 
     def head_tail(self, meta, c):
-        return ir.Retention(kind="head_tail", params=(c[0], c[1]), span=_span(meta))
+        return ir.Retention(kind="head_tail", params=(c[0], c[1]), span=meta_span(meta))
 
     def region_arg(self, meta, c):
         name, index = c
         return ir.RegionArg(
-            region=str(name), index=str(index) if index is not None else None, span=_span(meta)
+            region=str(name), index=str(index) if index is not None else None, span=meta_span(meta)
         )
 
     def strides(self, meta, c):
@@ -254,34 +196,40 @@ class _ToIR(Transformer):
         return c[0]
 
     def tensor_arg(self, meta, c):
-        return ir.TensorArg(dtype=str(c[0]), dims=c[1], strides=c[2], offset=c[3], span=_span(meta))
+        return ir.TensorArg(
+            dtype=str(c[0]), dims=c[1], strides=c[2], offset=c[3], span=meta_span(meta)
+        )
 
     def scalar_arg(self, meta, c):
-        return ir.ScalarArg(type=str(c[0]), span=_span(meta))
+        return ir.ScalarArg(type=str(c[0]), span=meta_span(meta))
 
     def prop_arg(self, meta, c):
         return _Prop(
-            "args", ir.Arg(path=c[0], keyword=False, type=c[1], span=_span(meta)), _span(meta)
+            "args",
+            ir.Arg(path=c[0], keyword=False, type=c[1], span=meta_span(meta)),
+            meta_span(meta),
         )
 
     def prop_kwarg(self, meta, c):
         return _Prop(
-            "args", ir.Arg(path=c[0], keyword=True, type=c[1], span=_span(meta)), _span(meta)
+            "args",
+            ir.Arg(path=c[0], keyword=True, type=c[1], span=meta_span(meta)),
+            meta_span(meta),
         )
 
     def prop_aliased(self, meta, c):
-        return _Prop("aliased", c[0], _span(meta))
+        return _Prop("aliased", c[0], meta_span(meta))
 
     def prop_writes(self, meta, c):
-        return _Prop("writes", c[0], _span(meta))
+        return _Prop("writes", c[0], meta_span(meta))
 
     def prop_retains(self, meta, c):
-        node = ir.Retains(region=str(c[0]), source=c[1], span=_span(meta))
-        return _Prop("retains", node, _span(meta))
+        node = ir.Retains(region=str(c[0]), source=c[1], span=meta_span(meta))
+        return _Prop("retains", node, meta_span(meta))
 
     def prop_counter(self, meta, c):
-        node = ir.HostCounter(site=c[0], advances=int(c[1]), start=int(c[2]), span=_span(meta))
-        return _Prop("counters", node, _span(meta))
+        node = ir.HostCounter(site=c[0], advances=int(c[1]), start=int(c[2]), span=meta_span(meta))
+        return _Prop("counters", node, meta_span(meta))
 
     def ambient_value(self, meta, c):
         return str(c[0]) if c else "off"
@@ -290,8 +238,8 @@ class _ToIR(Transformer):
         return tuple(c)
 
     def prop_ambient(self, meta, c):
-        node = ir.Ambient(axis=str(c[0]), values=c[1], span=_span(meta))
-        return _Prop("ambient", node, _span(meta))
+        node = ir.Ambient(axis=str(c[0]), values=c[1], span=meta_span(meta))
+        return _Prop("ambient", node, meta_span(meta))
 
     def config_vars(self, meta, c):
         return tuple(str(x) for x in c)
@@ -305,21 +253,21 @@ class _ToIR(Transformer):
     def prop_config(self, meta, c):
         names, values = c
         return _Prop(
-            "configs", ir.Config(names=names, values=values, span=_span(meta)), _span(meta)
+            "configs", ir.Config(names=names, values=values, span=meta_span(meta)), meta_span(meta)
         )
 
     def condition(self, meta, c):
-        return ir.Condition(left=c[0], op=str(c[1]), right=c[2], span=_span(meta))
+        return ir.Condition(left=c[0], op=str(c[1]), right=c[2], span=meta_span(meta))
 
     def prop_admit(self, meta, c):
-        return _Prop("admit", tuple(c), _span(meta))
+        return _Prop("admit", tuple(c), meta_span(meta))
 
     # ---- blocks
     _REPEATED = {"args", "retains", "configs", "counters", "ambient"}
     _LISTS = {"aliased", "writes"}
 
     def _fold(self, kind: str, name_tok: Token, props: list[_Prop]) -> dict:
-        fields: dict = {"name": str(name_tok), "span": _tok_span(name_tok)}
+        fields: dict = {"name": str(name_tok), "span": token_span(name_tok)}
         spans: dict[str, Span] = {}
         for p in props:
             if p.key in self._REPEATED:
@@ -407,7 +355,10 @@ def parse(text: str) -> tuple[ir.Contract | None, list[Diagnostic]]:
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
-        return None, [_syntax_diagnostic(exc)]
+        return None, [syntax_diagnostic(exc, _parser())]
+    limits = input_limits(tree)
+    if limits:  # nothing downstream may see an input beyond the limits
+        return None, limits
     transformer = _ToIR()
     items = transformer.transform(tree)
     diagnostics.extend(transformer.diagnostics)

@@ -1,57 +1,176 @@
-"""Binding sites: dotted paths into a model object and into call arguments/results.
+"""Binding sites: a closed language of paths into a model object and call arguments/results.
 
 A path is a tuple of steps, each `("attr", name)`, `("key", key)` or
 `("index", i)`, exactly as a contract writes `flow.decoder.att_cache_buffer`,
 `cache["estimator_att_cache"]` or `result[1]`. Generated adapters use these to
 install regions and wrappers; nothing here knows any model.
+
+Contract of this layer: a path only ever reaches the object's *own* tree.
+  * An attribute step never starts with `__` and resolves only to an attribute the
+    object itself holds: an entry of its instance dict or a slot, a submodule,
+    parameter or buffer of a `torch.nn.Module`; never a class attribute or a
+    property. The one exception is the last step of a read, which may also be a
+    method bound to that very object (`flow.inference_chunk`).
+  * An item step indexes only a plain container (dict, list, tuple, torch's
+    module containers).
+  * No step passes *through* a module, a class, a function or method, a builtin,
+    a frame, code, generator or traceback, a descriptor, a mapping proxy or a
+    tensor (a tensor is a leaf).
+So a contract cannot reach a function's globals, the builtins, a class shared
+with other objects, or a module's globals, and `set_at` writes only where the
+path says, on the model's own objects. A violation is a `SiteError` naming the
+site and the step, raised before anything is changed (`require_sites`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import types
 from typing import Any
+
+import torch
 
 Step = tuple[str, Any]
 
 
 class SiteError(LookupError):
-    """A declared binding site does not exist on the object given to bind()."""
+    """A declared binding site does not exist on the object given to bind(), or leaves
+    the object's own tree (see the module docstring). `reason` says why, briefly."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+_CONTAINERS = (
+    dict,
+    list,
+    tuple,
+    torch.nn.ModuleDict,
+    torch.nn.ModuleList,
+    torch.nn.Sequential,
+    torch.nn.ParameterDict,
+    torch.nn.ParameterList,
+)
+_OPAQUE = (types.MappingProxyType, functools.partial, property, staticmethod, classmethod)
+
+
+def _opaque(obj: Any) -> str | None:
+    """Why a path may not pass through `obj`, or None."""
+    if isinstance(obj, torch.Tensor):
+        return "a tensor"
+    if inspect.ismodule(obj):
+        return "a module"
+    if inspect.isclass(obj):
+        return "a class"
+    if inspect.isroutine(obj) or isinstance(obj, (types.MethodType, types.MethodWrapperType)):
+        return "a function or method"
+    if inspect.isframe(obj) or inspect.iscode(obj) or inspect.istraceback(obj):
+        return "an interpreter object"
+    if inspect.isgenerator(obj) or inspect.iscoroutine(obj) or inspect.isasyncgen(obj):
+        return "a generator or coroutine"
+    if inspect.isdatadescriptor(obj) or inspect.ismethoddescriptor(obj) or isinstance(obj, _OPAQUE):
+        return "a descriptor or proxy"
+    return None
+
+
+def _own_attribute(obj: Any, name: str) -> bool:
+    """Whether `name` is held by `obj` itself (not its class)."""
+    if isinstance(obj, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            if name in obj.__dict__.get(table, {}):
+                return True
+    own = getattr(obj, "__dict__", None)
+    if isinstance(own, dict) and name in own:
+        return True
+    return isinstance(inspect.getattr_static(type(obj), name, None), types.MemberDescriptorType)
+
+
+def _enter(cur: Any, kind: str, value: Any) -> None:
+    """Raise SiteError unless a step `kind`/`value` may be taken from (or assigned in) `cur`."""
+    why = _opaque(cur)
+    if why is not None:
+        raise SiteError(f"it passes through {why} ({type(cur).__name__})")
+    if kind == "attr":
+        if not isinstance(value, str) or value.startswith("__"):
+            raise SiteError(f"attribute {value!r} is not a site segment (no `__` names)")
+    elif kind in ("key", "index"):
+        if not isinstance(cur, _CONTAINERS):
+            raise SiteError(f"{type(cur).__name__} is not a plain container (dict, list, tuple)")
+    else:
+        raise SiteError(f"unknown step kind {kind!r}")
+
+
+def _step(cur: Any, kind: str, value: Any, *, last_read: bool) -> Any:
+    """Resolve one step from `cur`, or raise SiteError with the reason."""
+    _enter(cur, kind, value)
+    if kind != "attr":
+        try:
+            return cur[value]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise SiteError(f"no item {value!r}") from exc
+    if _own_attribute(cur, value):
+        return getattr(cur, value)
+    if last_read:  # a method bound to this very object: `flow.inference_chunk`
+        bound = getattr(cur, value, None)
+        if isinstance(bound, types.MethodType) and bound.__self__ is cur:
+            return bound
+    raise SiteError(
+        f"{type(cur).__name__} holds no attribute {value!r} of its own "
+        "(class attributes and properties are not sites)"
+    )
 
 
 def get_at(obj: Any, steps: tuple[Step, ...], *, what: str = "site") -> Any:
+    """The value at `steps` (the last step may name a method bound to its object)."""
+    return _walk(obj, steps, what=what, last_read=True)
+
+
+def _walk(obj: Any, steps: tuple[Step, ...], *, what: str, last_read: bool) -> Any:
     cur = obj
     for i, (kind, value) in enumerate(steps):
         try:
-            cur = getattr(cur, value) if kind == "attr" else cur[value]
-        except (AttributeError, KeyError, IndexError, TypeError) as exc:
+            cur = _step(cur, kind, value, last_read=last_read and i == len(steps) - 1)
+        except SiteError as exc:
             raise SiteError(
-                f"{what} {format_path(steps)}: cannot resolve step {format_path(steps[: i + 1])}"
-            ) from exc
+                f"{what} {format_path(steps)}: cannot resolve step "
+                f"{format_path(steps[: i + 1])}: {exc.reason}",
+                exc.reason,
+            ) from None
     return cur
 
 
 def set_at(obj: Any, steps: tuple[Step, ...], value: Any, *, what: str = "site") -> None:
-    """Assign in place at the last step (setattr or item assignment)."""
+    """Assign in place at the last step (setattr on the object itself, or item assignment)."""
     if not steps:
         raise SiteError(f"{what}: an empty path cannot be assigned")
-    parent = get_at(obj, steps[:-1], what=what)
+    parent = _walk(obj, steps[:-1], what=what, last_read=False)
     kind, key = steps[-1]
-    if kind == "attr":
-        setattr(parent, key, value)
-    else:
-        parent[key] = value
+    try:
+        _enter(parent, kind, key)
+        if kind == "key" or kind == "index":
+            if isinstance(parent, tuple):
+                raise SiteError("a tuple cannot be assigned in place")
+            parent[key] = value
+        else:
+            setattr(parent, key, value)
+    except SiteError as exc:
+        raise SiteError(f"{what} {format_path(steps)}: {exc.reason}", exc.reason) from None
 
 
 def replace_at(struct: Any, steps: tuple[Step, ...], value: Any) -> Any:
-    """Return `struct` with the leaf at `steps` replaced; tuples are rebuilt, dicts and lists mutated."""
+    """Return `struct` with the leaf at `steps` replaced; tuples are rebuilt, dicts,
+    lists and objects changed in place (every step follows the rules of `get_at`)."""
     if not steps:
         return value
     kind, key = steps[0]
-    child = replace_at(struct[key], steps[1:], value)
-    if isinstance(struct, tuple):
+    child = replace_at(_walk(struct, steps[:1], what="result", last_read=False), steps[1:], value)
+    if isinstance(struct, tuple) and kind != "attr":
         items = list(struct)
         items[key] = child
         return type(struct)(items) if type(struct) is tuple else type(struct)(*items)
-    struct[key] = child
+    set_at(struct, steps[:1], child, what="result")
     return struct
 
 
@@ -91,13 +210,14 @@ def update_at(container: Any, steps: tuple[Step, ...], fn) -> bool:
 
 def require_sites(obj: Any, sites: dict[str, tuple[Step, ...]]) -> None:
     """Check every binding site before anything is changed, so a wrong object (or a
-    contract written for another version) fails with one clear error and leaves the
-    model untouched."""
-    missing = [
-        f"{name} at {format_path(steps)}"
-        for name, steps in sites.items()
-        if not has_site(obj, steps)
-    ]
+    contract written for another version, or a site that leaves the object's own
+    tree) fails with one clear error and leaves the model untouched."""
+    missing = []
+    for name, steps in sites.items():
+        try:
+            get_at(obj, steps)
+        except SiteError as exc:
+            missing.append(f"{name} at {format_path(steps)} ({exc.reason})")
     if missing:
         raise SiteError(
             f"{type(obj).__name__} has no binding site for: "

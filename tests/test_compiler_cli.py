@@ -25,7 +25,9 @@ def test_shipped_contracts_check_clean(capsys, monkeypatch):
 def test_check_json_token2wav_numbers(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["check", "contracts/stepaudio2_token2wav.clock", "--format", "json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema_version"] == 1 and document["command"] == "check"
+    [entry] = document["contracts"]
     a = entry["analysis"]
     regions = {r["name"]: r for r in a["regions"]}
     assert regions["estimator_carry"]["attended"] == [302, 352, 402]
@@ -43,7 +45,7 @@ def test_check_json_token2wav_numbers(capsys, monkeypatch):
 def test_moshi_frame_graphs_width_one(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["check", "contracts/moshi.clock", "--format", "json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["contracts"]
     calls = {k["name"]: k for k in entry["analysis"]["callables"]}
     assert {name: k["width"] for name, k in calls.items()} == {
         "mimi_encode": 1,
@@ -76,7 +78,9 @@ def test_compile_check_reports_drift(tmp_path, monkeypatch, capsys):
 def test_compile_writes_packages_json(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     assert main(["compile", "-o", str(tmp_path), "--format", "json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema_version"] == 1 and document["command"] == "compile"
+    report = document["contracts"]
     assert {Path(r["path"]).name for r in report} == {p.name for p in CONTRACTS}
     for name in ("moshi", "stepaudio2_token2wav"):
         files = sorted(p.name for p in (tmp_path / name).iterdir())
@@ -115,3 +119,73 @@ def test_usage_error_exit_2():
         text=True,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------- the frictions of issue 12
+def test_explain(capsys):
+    assert main(["--explain", "CLK020"]) == 0
+    assert capsys.readouterr().out.startswith("CLK020 (error): unbounded or empty retention")
+    assert main(["--explain"]) == 0
+    listing = capsys.readouterr().out
+    assert "CLK001" in listing and "CLK505" in listing
+    assert main(["--explain", "CLK999"]) == 2
+    assert capsys.readouterr().err.startswith("clockc: unknown diagnostic code")
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([])
+    assert exit_.value.code == 2
+
+
+def test_directory_argument_expands_to_its_contracts(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["check", "contracts", "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [e["path"] for e in document["contracts"]] == [
+        p.relative_to(ROOT).as_posix() for p in CONTRACTS
+    ]
+
+
+def test_no_contracts_found_is_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["check"]) == 2
+    assert "no contracts given and none found" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["check", "empty"]) == 2
+    assert "no .clock files in folder empty" in capsys.readouterr().err
+
+
+def test_file_errors_have_no_position_and_no_exception_names(tmp_path, capsys):
+    missing = tmp_path / "missing.clock"
+    assert main(["check", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.strip() == f"{missing}: error[CLK005]: cannot read contract: no such file or directory"
+    )
+
+
+def test_paths_outside_the_current_folder_are_shown_as_given(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    bad = tmp_path / "outside.clock"
+    bad.write_text("contract c\nregion r {\n  dims [1]\n}\n")
+    assert main(["check", str(bad)]) == 1
+    assert capsys.readouterr().err.startswith(f"{bad}:2:8: error[CLK025]")
+
+
+def test_compile_outside_a_project_needs_o(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    contract = ROOT / "tests/golden/streaming_cache/contract.clock"
+    assert main(["compile", str(contract)]) == 2
+    assert "pass -o DIR" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["compile", str(contract), "-o", "out"]) == 0
+    assert (tmp_path / "out" / "streaming_cache" / "adapter.py").exists()
+
+
+def test_check_tables_have_a_legend(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["check", "contracts/moshi.clock"]) == 0
+    out = capsys.readouterr().out
+    for term in ("legend:", "  s ", "  W ", "  K ", "  rho ", "  reserve "):
+        assert term in out

@@ -3,15 +3,14 @@
 Rebuild the goldens with `UPDATE_GOLDEN=1 pytest tests/test_compiler_golden.py`.
 """
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from duplexcadence.compiler.driver import compile_source
+from fuzzing import import_package
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p for p in GOLDEN.iterdir() if (p / "contract.clock").exists())
@@ -35,20 +34,6 @@ def test_generated_package_matches_golden(case: Path):
     assert sorted(p.name for p in expected_dir.iterdir()) == sorted(result.files)
     for name, text in result.files.items():
         assert text == (expected_dir / name).read_text(), f"{case.name}/{name} drifted"
-
-
-def _import_package(tmp_path: Path, files: dict, name: str):
-    pkg = tmp_path / name
-    pkg.mkdir()
-    for fname, text in files.items():
-        (pkg / fname).write_text(text)
-    spec = importlib.util.spec_from_file_location(
-        name, pkg / "__init__.py", submodule_search_locations=[str(pkg)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Model:
@@ -81,9 +66,9 @@ def _stock_stream(model, xs):
     return outs
 
 
-def test_generated_bind_is_exact_on_cpu(tmp_path):
+def test_generated_bind_is_exact_on_cpu():
     result = _compile(GOLDEN / "streaming_cache")
-    adapter = _import_package(tmp_path, result.files, "golden_streaming_cache")
+    _, adapter = import_package(result.files)
     torch.manual_seed(0)
     xs = [(torch.randn(1, 4, 16), False) for _ in range(6)] + [(torch.randn(1, 6, 16), True)]
     torch.manual_seed(1)
@@ -110,11 +95,11 @@ def test_generated_bind_is_exact_on_cpu(tmp_path):
     assert binding.stats()["callables"]["step"]["misses"]  # CPU: eager, counted by reason
 
 
-def test_bind_to_the_wrong_object_fails_clearly_and_changes_nothing(tmp_path):
+def test_bind_to_the_wrong_object_fails_clearly_and_changes_nothing():
     from duplexcadence.runtime import SiteError
 
     result = _compile(GOLDEN / "streaming_cache")
-    adapter = _import_package(tmp_path, result.files, "golden_streaming_cache_wrong")
+    _, adapter = import_package(result.files)
     model = _Model()
     del model.scratch  # a model of another version: one declared site is missing
     before = dict(vars(model))

@@ -6,7 +6,7 @@ anyone who wants a normalised contract.
 
 from __future__ import annotations
 
-from duplexcadence.compiler import ir
+from duplexcadence.dsl import ir
 
 
 def expr(e: ir.Expr, parent_prec: int = 0) -> str:

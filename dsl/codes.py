@@ -1,0 +1,378 @@
+"""The registry of diagnostic codes: every code clockc can report, with its meaning.
+
+One table, read by `diagnostics.error`/`warning` (an unregistered code is a bug and
+raises), by `clockc --explain CODE` and by the README's table of codes (a test keeps
+that table equal to `markdown_table()`). Codes are grouped by hundreds and tens:
+
+  CLK00x  reading and parsing: the file, its size, syntax, input limits
+  CLK01x  names, units, numbers
+  CLK02x  regions: dims, retention, attended extents, envelopes
+  CLK03x  catalogs and memory: budget, scope, configuration spaces
+  CLK04x  callables: arguments, aliasing, writes, retention, counters
+  CLK05x  binding sites
+  CLK06x  common syntax mistakes, recognised by example
+  CLK07x  ambient states a callable is captured under
+  CLK5xx  warnings: the contract is valid but something is likely unintended
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    severity: str  # "error" | "warning"
+    title: str
+    explanation: str
+
+
+_CODES = [
+    # ---- reading and parsing
+    Code(
+        "CLK001",
+        "error",
+        "unexpected token",
+        "The parser met a token that cannot continue the statement; the message lists what it expected.",
+    ),
+    Code(
+        "CLK002",
+        "error",
+        "unexpected character",
+        'A character outside the language (identifiers, integers, "strings" of a safe character set, punctuation).',
+    ),
+    Code(
+        "CLK003",
+        "error",
+        "unexpected end of file",
+        "The file ends inside a statement or block (often a missing `}`).",
+    ),
+    Code(
+        "CLK004",
+        "error",
+        "missing contract header",
+        "Every contract starts with `contract NAME`; the name becomes the generated package.",
+    ),
+    Code(
+        "CLK005",
+        "error",
+        "cannot read contract",
+        "The file does not exist, is not a regular file (a directory, a device, a pipe), cannot be opened, or is not UTF-8 text.",
+    ),
+    Code(
+        "CLK006",
+        "error",
+        "contract file too large",
+        "A contract is at most 1 MiB of text; clockc refuses larger inputs instead of reading without bound.",
+    ),
+    Code(
+        "CLK007",
+        "error",
+        "integer literal too long",
+        "Integers are at most 15 digits; every number in a contract is a size, count or index far below that.",
+    ),
+    Code(
+        "CLK008",
+        "error",
+        "nested too deeply",
+        "An expression is at most 32 operators deep (e.g. a chain of `+` or nested `max`: write it with constants); a path has at most 32 steps.",
+    ),
+    # ---- names, units, numbers
+    Code(
+        "CLK010",
+        "error",
+        "duplicate name",
+        "A name (clock, const, region, callable, constant, config variable or argument) is declared twice.",
+    ),
+    Code(
+        "CLK011",
+        "error",
+        "unknown name",
+        "A reference to a clock, constant, region or unit that is not declared.",
+    ),
+    Code(
+        "CLK012",
+        "error",
+        "unit mismatch",
+        "Units are clock names: `+`, `-` and `max` need equal units, `*` at most one, and an extent axis counts its own clock.",
+    ),
+    Code(
+        "CLK013",
+        "error",
+        "bad clock structure",
+        "Derived clocks form a cycle, or a product clock combines product clocks.",
+    ),
+    Code("CLK014", "error", "clock rate must be positive", "`clock X = N per Y` needs N >= 1."),
+    Code(
+        "CLK015",
+        "error",
+        "negative or zero size",
+        "Dims must be positive; strides, offsets, tensor dims, attended starts and constants must not be negative.",
+    ),
+    Code(
+        "CLK016",
+        "error",
+        "unknown determinism setting",
+        "`determinism` names a setting the runtime pins (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, cuda.matmul.allow_tf32) and takes true or false.",
+    ),
+    Code(
+        "CLK017",
+        "error",
+        "name unusable in generated code",
+        "A region, callable or constant name is a Python keyword or shadows what the generated adapter defines or uses (including derived names: `_...`, `stock_...`, `..._body`, `..._engine`); or the contract name, which becomes a package, is a keyword or would shadow a standard-library or runtime package.",
+    ),
+    Code(
+        "CLK018",
+        "error",
+        "number too large",
+        "A value or an element count exceeds 2**53 (the largest integer every consumer, JSON included, represents exactly).",
+    ),
+    # ---- regions
+    Code(
+        "CLK020",
+        "error",
+        "unbounded or empty retention",
+        "A region with a clock-extent axis needs a retention policy or an envelope; ring/window sizes must be positive, head/tail non-negative with a positive sum.",
+    ),
+    Code(
+        "CLK021",
+        "error",
+        "bad attended stride",
+        "The attended stride must be positive and not exceed a window.",
+    ),
+    Code(
+        "CLK022",
+        "error",
+        "attended limit disagrees with retention",
+        "`until A` must equal the extent the retention keeps.",
+    ),
+    Code(
+        "CLK023",
+        "error",
+        "extent out of order",
+        "The attended start exceeds the retained extent, or the envelope is smaller than it.",
+    ),
+    Code(
+        "CLK024", "error", "several extent axes", "A region has at most one dim that names a clock."
+    ),
+    Code(
+        "CLK025",
+        "error",
+        "missing property",
+        "A region needs dtype and dims; a callable and a bound constant need a site; `allocate stock` needs a site and stock dims.",
+    ),
+    Code(
+        "CLK026", "error", "declared twice", "A property or a top-level header is declared twice."
+    ),
+    Code(
+        "CLK028",
+        "error",
+        "rank mismatch",
+        "Stock dims or strides must have as many entries as the dims they describe.",
+    ),
+    Code(
+        "CLK029",
+        "error",
+        "config tuple size",
+        "Each value of `config (a, b) in {...}` has as many fields as there are variables.",
+    ),
+    # ---- catalogs and memory
+    Code(
+        "CLK030",
+        "error",
+        "out of lossless scope",
+        "A replayed callable's catalog width exceeds the budget (declare `mode eager`), or the budget is outside 1..1000.",
+    ),
+    Code(
+        "CLK031",
+        "error",
+        "demand exceeds stock",
+        "A region's demand size is larger than the stock constant it replaces.",
+    ),
+    Code(
+        "CLK032",
+        "error",
+        "configuration space too large",
+        "The product of a callable's config value counts exceeds 10,000; no catalog that size can be captured.",
+    ),
+    # ---- callables
+    Code(
+        "CLK040",
+        "error",
+        "aliased region is not an argument",
+        "`aliased R` needs an argument of type `region R`.",
+    ),
+    Code(
+        "CLK041",
+        "error",
+        "no retention to apply",
+        "`retains R` needs a region with a retention policy, which `allocate stock` excludes.",
+    ),
+    Code(
+        "CLK042",
+        "error",
+        "write to an immutable region",
+        "`writes` or `retains` names an immutable region.",
+    ),
+    Code(
+        "CLK043",
+        "error",
+        "retained history not from result",
+        "`retains R from result[...]`: the history is read from the callable's output.",
+    ),
+    Code(
+        "CLK044",
+        "error",
+        "scalar argument without config",
+        "A bool/int/float argument needs `config NAME in {...}` so the catalog keys its values.",
+    ),
+    Code(
+        "CLK045",
+        "error",
+        "slot index is not a config variable",
+        "`region R[i]`: i must be a config variable of the callable.",
+    ),
+    Code(
+        "CLK046",
+        "error",
+        "bad slot index",
+        "`region R[i]` selects a slot of a fixed leading axis: R needs dims, its leading axis must not be the clock axis, and every value of i must be a slot.",
+    ),
+    Code(
+        "CLK047",
+        "error",
+        "argument path not describable",
+        'An argument path is NAME or NAME["key"]...: a capture class describes arguments as nested dicts of leaves; two argument paths must not overlap.',
+    ),
+    Code(
+        "CLK048",
+        "error",
+        "bad pinned region",
+        "A pinned region needs the site the stock code rebinds, and takes no retention or `allocate`.",
+    ),
+    Code(
+        "CLK049",
+        "error",
+        "bad counter",
+        "A counter is a model attribute that advances by at least 1 per call.",
+    ),
+    # ---- binding sites
+    Code(
+        "CLK050",
+        "error",
+        "forbidden site segment",
+        "Sites are a closed language over the model object's own attributes: no segment may start with `__` or name an interpreter internal (func_globals, f_globals, gi_frame, ...).",
+    ),
+    Code(
+        "CLK051",
+        "error",
+        "conflicting sites",
+        "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter).",
+    ),
+    # ---- common syntax mistakes
+    Code(
+        "CLK060",
+        "error",
+        "argument without ':'",
+        "An argument is written `arg NAME: TYPE` (e.g. `kwarg x: float32 [1, 4]`).",
+    ),
+    Code(
+        "CLK061",
+        "error",
+        "property with '=' or ':'",
+        "Block properties are `KEYWORD value` with no `=` or `:` (e.g. `dtype float32`).",
+    ),
+    Code(
+        "CLK062",
+        "error",
+        "dims without brackets",
+        "Shapes are bracketed lists: `dims [2, frame, 16]`.",
+    ),
+    Code(
+        "CLK063",
+        "error",
+        "head and tail without '++'",
+        "A head/tail retention is written `head(P) ++ tail(R)`.",
+    ),
+    Code(
+        "CLK064",
+        "error",
+        "config without 'in {...}'",
+        "Configurations are written `config NAME in {v1, v2}` or `config (a, b) in {(1, 2)}`.",
+    ),
+    Code(
+        "CLK065",
+        "error",
+        "rate clock without 'per'",
+        "A derived clock is written `clock NAME = RATE per PARENT`.",
+    ),
+    Code(
+        "CLK066",
+        "error",
+        "quoted site",
+        'Sites are paths, not strings: `site flow.decoder["key"]`.',
+    ),
+    Code(
+        "CLK067",
+        "error",
+        "retention without parentheses",
+        "Retention sizes are parenthesised: `ring(3000 frame)`, `window(W)`, `head(P) ++ tail(R)`.",
+    ),
+    # ---- ambient states
+    Code(
+        "CLK070",
+        "error",
+        "unknown ambient axis",
+        "`ambient AXIS in {...}` declares the states of one ambient torch setting a callable is called under; the known axis is `autocast`.",
+    ),
+    Code(
+        "CLK071",
+        "error",
+        "bad autocast state",
+        '`ambient autocast in {...}` lists distinct states among off, float32, float16 and bfloat16 (float32 is what `torch.autocast("cuda", dtype=torch.float32)` turns on: it casts nothing but is a state of its own).',
+    ),
+    # ---- warnings
+    Code(
+        "CLK501",
+        "warning",
+        "left eager",
+        "A callable declared `mode eager` is out of lossless scope; it runs eagerly, as declared.",
+    ),
+    Code(
+        "CLK502",
+        "warning",
+        "host randomness in replay",
+        "A callable draws host randomness; replay rejects it at capture, so declare `mode eager`.",
+    ),
+    Code(
+        "CLK503",
+        "warning",
+        "config variable reaches nothing",
+        "A config variable appears in no argument and no `admit`: it does not change any signature.",
+    ),
+    Code(
+        "CLK505",
+        "warning",
+        "pinned region never written",
+        "No callable writes a pinned region, so nothing copies the stock code's new values into it.",
+    ),
+]
+
+CODES: dict[str, Code] = {c.code: c for c in _CODES}
+assert len(CODES) == len(_CODES), "a code is registered twice"
+
+
+def explain(code: str) -> str | None:
+    """The `--explain` text of one code, or None if it is not registered."""
+    c = CODES.get(code.upper())
+    if c is None:
+        return None
+    return f"{c.code} ({c.severity}): {c.title}\n\n{c.explanation}\n"
+
+
+def markdown_table() -> str:
+    """The README's table of codes."""
+    rows = ["| code | severity | meaning |", "|---|---|---|"]
+    rows += [f"| `{c.code}` | {c.severity} | {c.title}: {c.explanation} |" for c in _CODES]
+    return "\n".join(rows) + "\n"

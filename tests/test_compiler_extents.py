@@ -1,0 +1,283 @@
+"""Closed-form extents and widths, and the compiler's arithmetic tied to the runtime's.
+
+* K = ceil(W/s) + 1 at every size (2**31 and 2**52 frames answer at once);
+* joint extents of mixed lifetimes == a brute-force walk over every restart pattern;
+* width <= bound for every callable, past any enumeration limit;
+* the compiler's attended extents == a stream simulated with the runtime's retention
+  classes (`retained_length`), and its staging bytes == `TensorSpec.nbytes`: one fact,
+  two implementations, kept equal here (the compiler does not import torch).
+"""
+
+import itertools
+import math
+import time
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplexcadence.compiler.analysis import BOUND_CAP, DTYPE_BYTES, tensor_bytes
+from duplexcadence.compiler.driver import check_source
+from duplexcadence.compiler.extents import Progression, joint_count, joint_states
+from duplexcadence.dsl import ir
+from duplexcadence.runtime import HeadTail, Ring, TensorSpec, Window
+from fuzzing import TORCH_DTYPE
+
+
+def test_closed_form_k_at_sizes_no_enumeration_could_reach():
+    for window, stride in [(2**31, 1), (2**52, 3), (10**15, 7)]:
+        p = Progression(start=0, stride=stride, bound=window)
+        began = time.perf_counter()
+        assert p.count == math.ceil(window / stride) + 1
+        assert p.values(limit=1000) is None  # never listed
+        assert p.at(p.count - 1) == window and p.at(p.count - 2) < window
+        assert time.perf_counter() - began < 0.01
+
+
+def _brute_joint(sizes):
+    """Every restart pattern: c_1 <= c_2 <= ... calls since each level's restart."""
+    reach = set()
+    top = max(sizes) + 1
+    for c in itertools.product(range(top), repeat=len(sizes)):
+        if all(a <= b for a, b in zip(c, c[1:])):
+            reach.add(tuple(min(ci, m - 1) for ci, m in zip(c, sizes)))
+    return reach
+
+
+@given(st.lists(st.integers(1, 7), min_size=1, max_size=4))
+def test_joint_count_of_mixed_lifetimes_matches_every_restart_pattern(sizes):
+    assert joint_count(sizes) == len(_brute_joint(sizes))
+
+
+LIFETIMES = ["turn", "session", "process"]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 20), st.integers(1, 9), st.integers(1, 40), st.sampled_from(LIFETIMES)
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_joint_states_are_the_reachable_extents(regions):
+    progressions, lifetimes = [], []
+    for start, stride, extra, lifetime in regions:
+        progressions.append(Progression(start, stride, start + extra))
+        lifetimes.append(lifetime)
+    states = joint_states(progressions, lifetimes, limit=10**6)
+    level = {lt: i for i, lt in enumerate(LIFETIMES)}
+    order = sorted(set(lifetimes), key=level.get)
+    sizes = [max(p.count for p, lt in zip(progressions, lifetimes) if lt == o) for o in order]
+    expected = {
+        tuple(p.at(x[order.index(lt)]) for p, lt in zip(progressions, lifetimes))
+        for x in _brute_joint(sizes)
+    }
+    assert set(states) == expected and len(states) == len(expected)
+
+
+def test_one_lifetime_is_lock_step_and_in_call_order():
+    a, b = Progression(302, 50, 402), Progression(10, 1, 14)
+    states = joint_states([a, b], ["turn", "turn"], limit=100)
+    assert states == [(302, 10), (352, 11), (402, 12), (402, 13), (402, 14)]
+
+
+MIXED = """
+contract mixed
+catalog budget {budget}
+clock chunk = 1 per call
+clock frame = 1 per chunk
+region a {{
+  dtype float32
+  dims [frame, 2]
+  lifetime {la}
+  retention window({wa} frame)
+  attended from {sa} frame by {ta} frame
+}}
+region b {{
+  dtype float32
+  dims [frame, 2]
+  lifetime {lb}
+  retention window({wb} frame)
+  attended from {sb} frame by {tb} frame
+}}
+callable step {{
+  site model.step
+  per chunk
+  arg x: region a
+  arg y: region b
+  kwarg flag: bool
+  config flag in {{false, true}}
+  mode eager
+}}
+"""
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    wa=st.integers(1, 2**40),
+    wb=st.integers(1, 2**40),
+    fa=st.floats(0, 1),
+    fb=st.floats(0, 1),
+    ta=st.integers(1, 2**20),
+    tb=st.integers(1, 2**20),
+    la=st.sampled_from(["turn", "session", "operator", "chunk"]),
+    lb=st.sampled_from(["turn", "session", "process"]),
+)
+def test_width_never_exceeds_bound_at_any_size(wa, wb, fa, fb, ta, tb, la, lb):
+    ta, tb = min(ta, wa), min(tb, wb)
+    text = MIXED.format(
+        budget=1000,
+        wa=wa,
+        wb=wb,
+        sa=int(fa * wa),
+        sb=int(fb * wb),
+        ta=ta,
+        tb=tb,
+        la=la,
+        lb=lb,
+    )
+    began = time.perf_counter()
+    result = check_source(text, "mixed.clock")
+    assert time.perf_counter() - began < 2
+    assert result.analysis is not None, result.diagnostics
+    regions = {r.name: r for r in result.analysis.regions}
+    [k] = result.analysis.callables
+    for name, window, frac, stride in (("a", wa, fa, ta), ("b", wb, fb, tb)):
+        start = int(frac * window)
+        assert regions[name].catalog_width == (
+            math.ceil((window - start) / stride) + 1 if window > start else 1
+        )
+    assert k.q_size == 2
+    assert k.bound == min(2 * regions["a"].catalog_width * regions["b"].catalog_width, BOUND_CAP)
+    assert k.width <= k.bound
+    if la == lb and k.enumerated:  # lock-step: the larger K, per signature
+        assert k.width == 2 * max(regions["a"].catalog_width, regions["b"].catalog_width)
+
+
+# ---------------------------------------------------------------- tied to the runtime
+def _runtime_policy(kind, params):
+    if kind == "head_tail":
+        return HeadTail(head=params[0], tail=params[1])
+    return Window(width=params[0]) if kind == "window" else Ring(capacity=params[0])
+
+
+def _simulate(policy, start, stride, calls):
+    """The attended extent call by call, as a carry with the runtime's policy keeps it."""
+    seen, length = [], start
+    for _ in range(calls):
+        seen.append(length)
+        if policy.appends:  # a ring receives the new frames; `written` is its state
+            length = policy.retained_length(stride, written=length)
+        else:  # the whole history arrives: the carry plus the call's new frames
+            length = policy.retained_length(length + stride)
+    return seen
+
+
+@given(
+    kind=st.sampled_from(["head_tail", "window", "ring"]),
+    a=st.integers(0, 300),
+    b=st.integers(1, 300),
+    stride=st.integers(1, 90),
+    start_frac=st.floats(0, 1),
+)
+def test_compiler_extents_equal_a_stream_with_the_runtime_retention(kind, a, b, stride, start_frac):
+    params = (a, b) if kind == "head_tail" else (a + b,)
+    bound = sum(params)
+    start = int(start_frac * bound)
+    p = Progression(start, stride, bound)  # what analysis.progression makes of the region
+    policy = _runtime_policy(kind, params)
+    assert bound == (policy.capacity if kind != "head_tail" else policy.head + policy.tail)
+    simulated = _simulate(policy, start, stride, calls=p.count + 5)
+    assert simulated[: p.count] == list(p.values(limit=10_000))
+    assert set(simulated) == set(p.values(limit=10_000))
+
+
+def test_dtype_sizes_are_torchs():
+    assert set(TORCH_DTYPE) == set(DTYPE_BYTES)
+    for name, dtype in TORCH_DTYPE.items():
+        assert DTYPE_BYTES[name] == torch.empty((), dtype=dtype).element_size()
+
+
+@given(
+    dims=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+    pad=st.lists(st.integers(0, 5), min_size=4, max_size=4),
+    offset=st.integers(0, 9),
+    strided=st.booleans(),
+    dtype=st.sampled_from(sorted(TORCH_DTYPE)),
+)
+def test_staging_bytes_equal_the_runtime_tensorspec(dims, pad, offset, strided, dtype):
+    strides = None
+    if strided:  # row-major with padding: what a view into a wider buffer has
+        strides, acc = [], 1
+        for d, extra in zip(reversed(dims), pad):
+            strides.insert(0, acc)
+            acc *= d + extra
+    arg = ir.TensorArg(
+        dtype=dtype,
+        dims=tuple(ir.Quantity(value=d) for d in dims),
+        strides=tuple(ir.Quantity(value=s) for s in strides) if strides else None,
+        offset=ir.Quantity(value=offset),
+    )
+    checked = check_source("contract t\n", "t.clock").checked
+    spec = TensorSpec(
+        tuple(dims), TORCH_DTYPE[dtype], stride=tuple(strides) if strides else None, offset=offset
+    )
+    assert tensor_bytes(arg, checked, {}) == spec.nbytes()
+
+
+def _flush_by_walking(p: Progression, flushes):
+    """Extents one partial flush reaches, walked call by call (the former algorithm)."""
+    steady = set(p.values(limit=10**6))
+    extra: set[int] = set()
+    for f in flushes:
+        for a in steady:
+            b = min(a + f, p.bound)
+            while b not in steady and b not in extra:
+                extra.add(b)
+                b = min(b + p.stride, p.bound)
+    return tuple(sorted(extra))
+
+
+@given(
+    start=st.integers(0, 60),
+    stride=st.integers(1, 25),
+    extra=st.integers(0, 200),
+    flushes=st.lists(st.integers(1, 80), max_size=4),
+)
+def test_flush_extents_closed_form_equals_the_walk(start, stride, extra, flushes):
+    p = Progression(start, stride, start + extra)
+    walked = _flush_by_walking(p, flushes)
+    assert p.flush_values(tuple(flushes), limit=10**6) == walked
+    assert p.flush_count(tuple(flushes)) == len(walked)
+
+
+def _big_contract(n: int) -> str:
+    out = ["contract big", "clock c0 = 1 per call"]
+    out += [f"clock c{i} = 1 per c{i - 1}" for i in range(1, n)]
+    out += [f"const k{i} = {i % 7 + 1} c0" for i in range(n)]
+    for i in range(n):
+        out.append(
+            f"region r{i} {{\n  dtype float32\n  dims [2, c0]\n  retention head(k{i}) ++ tail(3 c0)"
+            f'\n  attended from k{i} by 1 c0\n  site m{i}.state["r"]\n}}'
+        )
+        out.append(
+            f"callable f{i} {{\n  site m{i}.step\n  per c0\n  arg x: region r{i}\n"
+            f'  kwarg flag: bool\n  kwarg cache["a"]: float32 [1, n]\n  config flag in {{false, true}}'
+            f"\n  config n in {{1, 2}}\n  aliased r{i}\n  retains r{i} from result[1]\n}}"
+        )
+    return "\n".join(out) + "\n"
+
+
+def test_check_time_is_linear_in_contract_size():
+    def best_of_three(text):
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            assert check_source(text, "big.clock").ok
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    small, large = best_of_three(_big_contract(40)), best_of_three(_big_contract(160))
+    assert large / small < 8  # x4 the size: quadratic work would be x16
