@@ -1,4 +1,4 @@
-"""`clockc`: check and compile `.clock` contracts.
+"""`clockc`: check, compile and plan `.clock` contracts.
 
 Exit status: 0 success (warnings allowed), 1 user errors in a contract or generated
 drift, 2 usage errors (bad arguments, no contracts found, an output folder that
@@ -176,6 +176,38 @@ def cmd_compile(args) -> int:
     return status
 
 
+def cmd_plan(args) -> int:
+    """Bytes per session, lane and voice from the contract; with --profile, the sessions
+    one GPU holds by memory and serves by time (compiler/plan.py)."""
+    from duplexcadence.compiler.plan import Profile, footprint, footprint_json, plan_text, predict
+
+    profile = None
+    if args.profile:
+        try:
+            doc = json.loads(Path(args.profile).read_text())
+            profile = Profile.from_json(doc.get("profile", doc))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--profile {shown_path(args.profile)}: {_why(exc)}") from exc
+    entries, ok = [], True
+    for r in (read_and_compile(p, emit=False) for p in _contracts(args.files)):
+        _print_diagnostics(r)
+        if r.analysis is None or r.checked is None:
+            ok = False
+            continue
+        fp = footprint(r.checked, r.analysis)
+        lanes = args.lanes or (sorted(profile.chunks_per_s) if profile else [])
+        try:
+            preds = [predict(fp, profile, k, args.voices) for k in lanes] if profile else []
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from exc
+        entries.append({"path": r.path, "footprint": footprint_json(fp), "predictions": preds})
+        if args.format == "text":
+            print(plan_text(fp, preds))
+    if args.format == "json":
+        print(_document("plan", entries))
+    return 0 if ok else 1
+
+
 def cmd_explain(code: str) -> int:
     if code.lower() == "all":
         for c in CODES.values():
@@ -227,6 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--format", choices=("text", "json"), default="text")
     comp.set_defaults(func=cmd_compile)
+
+    plan = sub.add_parser(
+        "plan", help="capacity plan: bytes per session and lane; sessions per GPU from a profile"
+    )
+    plan.add_argument("files", nargs="*", metavar="FILE", help=files_help)
+    plan.add_argument(
+        "--profile", metavar="JSON", help="measured profile (bench/results/profile_*.json)"
+    )
+    plan.add_argument("--lanes", type=int, action="append", help="lane counts to predict (repeat)")
+    plan.add_argument("--voices", type=int, default=1, help="distinct voices kept (turn starts)")
+    plan.add_argument("--format", choices=("text", "json"), default="text")
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 

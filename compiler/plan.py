@@ -98,8 +98,10 @@ class Profile:
     gpu_bytes: int  # device memory the process may use
     base_bytes: dict[int, int]  # lanes -> process bytes, pool built, no session open
     chunks_per_s: dict[int, float]  # lanes -> chunks/s served with every lane busy
-    cadence_s: float = 1.0  # one chunk per session per cadence
+    cadence_s: float = 1.0  # one chunk per session per cadence while it speaks
     utilization: float = 0.9  # share of the saturated rate kept for zero misses
+    speech_share: float = 1.0  # chunks a session sends per cadence on average (turns, silences)
+    source: str = ""  # where the numbers come from
 
     @classmethod
     def from_json(cls, doc: dict) -> "Profile":
@@ -109,6 +111,8 @@ class Profile:
             chunks_per_s={int(k): float(v) for k, v in doc["chunks_per_s"].items()},
             cadence_s=float(doc.get("cadence_s", 1.0)),
             utilization=float(doc.get("utilization", 0.9)),
+            speech_share=float(doc.get("speech_share", 1.0)),
+            source=str(doc.get("source", "")),
         )
 
 
@@ -120,7 +124,7 @@ def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1) -> dic
     free = profile.gpu_bytes - profile.base_bytes[lanes] - voices * fp.per_voice_bytes
     by_memory = max(0, free // fp.per_session_bytes) if fp.per_session_bytes else math.inf
     rate = profile.chunks_per_s[lanes] * profile.utilization
-    by_time = math.floor(rate * profile.cadence_s)
+    by_time = math.floor(rate * profile.cadence_s / profile.speech_share)
     sessions = min(by_memory, by_time)
     return {
         "lanes": lanes,
@@ -141,3 +145,23 @@ def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1) -> dic
 
 def footprint_json(fp: Footprint) -> dict:
     return asdict(fp)
+
+
+def plan_text(fp: Footprint, predictions: list[dict]) -> str:
+    gib = 2**30
+    lines = [
+        f"{fp.contract}: capacity plan",
+        f"  per session  {fp.per_session_bytes / gib:8.3f} GiB  (regions of lifetime turn or session)",
+        f"  per lane     {fp.per_lane_bytes / gib:8.3f} GiB  (a copy of every allocated region + staging)",
+        f"  eager scratch{fp.eager_scratch_bytes / gib:8.3f} GiB  (with more than one lane)",
+        f"  per voice    {fp.per_voice_bytes / gib:8.3f} GiB  (a kept turn start, upper bound)",
+    ]
+    for s in fp.regions:
+        lines.append(f"    {s.name:<24} {s.lifetime:<9} {s.owner:<10} {s.nbytes / 2**20:10.2f} MiB")
+    for p in predictions:
+        lines.append(
+            f"  {p['lanes']} lane(s), {p['voices']} voice(s): {p['sessions']} sessions "
+            f"(memory {p['sessions_by_memory']}, time {p['sessions_by_time']}; limited by "
+            f"{p['limited_by']})"
+        )
+    return "\n".join(lines)

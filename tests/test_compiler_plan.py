@@ -57,3 +57,21 @@ def test_prediction_takes_the_smaller_of_memory_and_time(token2wav):
     assert predict(token2wav, tight, lanes=4)["limited_by"] == "memory"
     with pytest.raises(KeyError, match="no measurement for 2 lanes"):
         predict(token2wav, profile, lanes=2)
+
+
+def test_clockc_plan_reads_a_profile_and_fails_cleanly(capsys, tmp_path):
+    import json
+
+    from duplexcadence.compiler.cli import main
+
+    contract = str(ROOT / "contracts" / "stepaudio2_token2wav.clock")
+    profile = ROOT / "bench" / "results" / "profile_token2wav_h200.json"
+    assert main(["plan", contract, "--profile", str(profile), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    [entry] = doc["contracts"]
+    assert doc["command"] == "plan" and entry["footprint"]["per_session_bytes"] > 0
+    assert {p["lanes"] for p in entry["predictions"]} == {1, 8}
+    assert main(["plan", contract, "--profile", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    assert main(["plan", contract, "--profile", str(profile), "--lanes", "3"]) == 2
+    assert "no measurement for 3 lanes" in capsys.readouterr().err
