@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from bench.cadence import Arm, Chunk, SessionSpec, SessionWorkload
-from bench.harness import Stream
+from bench.harness import Stream, replay
 from bench.workloads import moshi as W
 
 MODEL_SEED = 0
@@ -107,13 +107,7 @@ class AdapterSessions(StockSolo):
         s.pool_session.close()
 
     def stats(self) -> dict:
-        st = self.binding.stats()
-        return {
-            "sessions": st["sessions"],
-            "replay": {
-                n: {"hits": c["hits"], "misses": c["misses"]} for n, c in st["callables"].items()
-            },
-        }
+        return replay.sessions_record(self.binding)
 
 
 def server(arm: Arm, device: Any) -> Any:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from bench.cadence import Arm, Chunk, SessionSpec, SessionWorkload
-from bench.harness import Stream
+from bench.harness import Stream, replay
 from bench.workloads import subseed
 from bench.workloads import token2wav as W
 
@@ -184,14 +184,7 @@ class AdapterServer:
         s.pool_session.close()
 
     def stats(self) -> dict:
-        st = self.binding.stats()
-        return {
-            "sessions": st["sessions"],
-            "replay": {
-                name: {"hits": c["hits"], "misses": c["misses"], "details": c["miss_details"]}
-                for name, c in st["callables"].items()
-            },
-        }
+        return replay.sessions_record(self.binding)
 
 
 def _own(obj: Any) -> None:

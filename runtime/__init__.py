@@ -103,13 +103,8 @@ __all__ = [
     "format_report",
 ]
 
-# Binding sites and the Binding record that generated bind() functions fill.
-from .binding import (
-    Binding,
-    infer_device,
-    install_region,
-    adopt_prefix,
-)  # noqa: E402
+# Binding sites, the binder generated bind() functions call, lanes and sessions.
+from .binding import Binding, infer_device  # noqa: E402
 from .binder import Dispatcher, bind_contract  # noqa: E402
 from .declared import (  # noqa: E402
     Aliased,
@@ -166,6 +161,7 @@ __all__ += [
     "get_at",
     "has_site",
     "replace_at",
+    "require_sites",
     "set_at",
     "update_at",
 ]

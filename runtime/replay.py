@@ -239,7 +239,7 @@ class ExactShapeReplay:
         self._groups.setdefault(sig, []).append(e.index)
 
     def _capture_one(self, e: _Entry, args: tuple, kwargs: dict, snap: dict) -> None:
-        dev, b = self.device, self.backend
+        dev = self.device
         try:
             # the declared ambient state holds for probe, warm-up and capture; its key
             # is read before the engine's own torch-function mode (hoist.py) is entered

@@ -29,7 +29,7 @@ def step(x, w):
     return torch.tanh(x @ w) + 1
 
 
-def make_engine():
+def make_engine(ambient=(Autocast(None),)):
     eng = ExactShapeReplay(
         step,
         name="step",
@@ -42,6 +42,7 @@ def make_engine():
         regions={},
         device="cpu",
         backend=FakeGraphBackend(),
+        ambient=ambient,
     )
     return eng.capture_all(progress=False)
 
@@ -82,20 +83,7 @@ def test_strict_mode_names_the_setting():
 
 
 def test_declared_autocast_states_are_captured_and_dispatched():
-    eng = ExactShapeReplay(
-        step,
-        name="step",
-        classes=[
-            CaptureClass(
-                "one",
-                (TensorSpec((4, 8), torch.float32, "randn"), TensorSpec((8, 8), torch.float32)),
-            )
-        ],
-        regions={},
-        device="cpu",
-        backend=FakeGraphBackend(),
-        ambient=(Autocast(None), Autocast(torch.bfloat16)),
-    ).capture_all(progress=False)
+    eng = make_engine(ambient=(Autocast(None), Autocast(torch.bfloat16)))
     s = eng.stats()
     assert [c["name"] for c in s["classes"]] == ["one @autocast=off", "one @autocast=bfloat16"]
     assert [c["status"] for c in s["classes"]] == ["captured", "captured"]

@@ -17,6 +17,19 @@ def counts(binding: Any) -> dict:
     }
 
 
+def sessions_record(binding: Any) -> dict:
+    """What a session server reports with a cadence run: its session pool's counters and
+    every callable's hits, misses and first miss of each reason, over all lanes."""
+    st = binding.stats()
+    return {
+        "sessions": st["sessions"],
+        "replay": {
+            name: {"hits": c["hits"], "misses": c["misses"], "details": c["miss_details"]}
+            for name, c in st["callables"].items()
+        },
+    }
+
+
 def record(binding: Any, before: dict) -> dict | None:
     """A worker's replay record: the binding's per-callable stats, and the hits and
     misses since ``before`` (a ``counts`` reading at the start of the window)."""

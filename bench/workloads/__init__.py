@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import sys
+import types
 from dataclasses import dataclass
 
 
@@ -73,3 +75,21 @@ def unavailable_reason(name: str) -> str | None:
     """``release_missing`` of a workload in ``RELEASES``, by its name."""
     r = RELEASES[name]
     return release_missing(r.module, r.dist, r.version, r.requirements, r.deps)
+
+
+def register_bare_parent(package: str) -> types.ModuleType:
+    """Register ``package`` as a bare parent with the installed package's real ``__path__``,
+    so its submodules import without running its ``__init__.py`` (which imports a
+    vendor's whole stack). Idempotent: an already imported package is returned as is."""
+    if package in sys.modules:
+        return sys.modules[package]
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations is not None
+    parent = types.ModuleType(package, "parent package registered by bench.workloads")
+    parent.__path__ = list(spec.submodule_search_locations)
+    parent.__spec__ = spec
+    parent.__package__ = package
+    parent.__file__ = spec.origin
+    parent.__duplexcadence_bare_parent__ = True
+    sys.modules[package] = parent
+    return parent

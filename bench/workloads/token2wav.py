@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from bench import workloads
+from bench.workloads import register_bare_parent
 from bench.workloads import subseed
 
 RELEASE = workloads.RELEASES["token2wav"]
@@ -217,16 +218,7 @@ def import_stepaudio2() -> types.SimpleNamespace:
     reason = unavailable_reason()
     if reason is not None:
         raise ImportError(reason)
-    if "stepaudio2" not in sys.modules:
-        spec = importlib.util.find_spec("stepaudio2")
-        assert spec is not None and spec.submodule_search_locations is not None
-        parent = types.ModuleType("stepaudio2", "parent package registered by bench.workloads")
-        parent.__path__ = list(spec.submodule_search_locations)
-        parent.__spec__ = spec
-        parent.__package__ = "stepaudio2"
-        parent.__file__ = spec.origin
-        parent.__duplexcadence_bare_parent__ = True
-        sys.modules["stepaudio2"] = parent
+    register_bare_parent("stepaudio2")
     # upsample_encoder_v2.py imports torch._dynamo, whose import probes third-party
     # specs (trace_rules.THIRDPARTY_SKIPLIST names onnxruntime): import it first so it
     # never sees a stand-in.

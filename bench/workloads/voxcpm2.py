@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.workloads import register_bare_parent
 from bench.workloads import installed_version as _installed_version
 from bench.workloads import release_missing, subseed
 
@@ -85,15 +85,7 @@ def import_audio_vae() -> types.ModuleType:
     reason = unavailable_reason()
     if reason is not None:
         raise ImportError(reason)
-    if "voxcpm" not in sys.modules:
-        spec = importlib.util.find_spec("voxcpm")
-        assert spec is not None and spec.submodule_search_locations is not None
-        parent = types.ModuleType("voxcpm", "parent package registered by bench.workloads")
-        parent.__path__ = list(spec.submodule_search_locations)
-        parent.__spec__ = spec
-        parent.__package__ = "voxcpm"
-        parent.__file__ = spec.origin
-        sys.modules["voxcpm"] = parent
+    register_bare_parent("voxcpm")
     _module_cache = importlib.import_module(_MODULE)
     return _module_cache
 
