@@ -19,7 +19,8 @@ import torch
 from real_models import one_intra_op_thread  # noqa: F401 (autouse fixture)
 from real_models import predicted_signatures, recording
 
-from bench.workloads import voxcpm2 as W
+from bench.workloads import voxcpm2 as W  # noqa: E402
+from duplexcadence.runtime import SiteError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +51,13 @@ def test_observed_signatures_are_the_predicted_catalog(vae) -> None:
     assert {sig for sig, _ in calls} == set(predicted)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=SiteError,
+    reason="issue 15: the vendor keys its conv states by id(module); the workload's "
+    "ConvStates accessor is not a plain container, which the closed site language (issue 11) "
+    "refuses at bind; the contract needs a site step keyed by a module's identity",
+)
 def test_bound_adapter_is_bit_identical_and_keeps_pins(vae) -> None:
     latents = W.latent_stream(SEED, N_CHUNKS)
     stock = W.run_stream(vae, latents)
