@@ -25,6 +25,8 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   binding      Binding: what bind() installed; the eager section
   binder       bind_contract, Dispatcher (what the model calls)
   sessions     SessionPool, Session: many exact streams on one binding
+  undeclared   model tensors a contract leaves out, found before a second lane
+  trees        tensor leaves of containers; state kept in a model's shared objects
 """
 
 from .audit import AuditRecord, bitwise_equal, first_difference
