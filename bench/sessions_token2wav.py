@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from duplexcadence.runtime.backend import default_generator, generator_state
+
 from bench.cadence import Arm, Chunk, SessionSpec, SessionWorkload
 from bench.harness import Stream, replay
 from bench.workloads import subseed
@@ -101,9 +103,7 @@ class StockServer:
 
     def open(self, spec: SessionSpec) -> _Session:
         s = _Session(spec, session_view(self.t2w, voice_of(spec)))
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(spec.seed)
-        s.rng = gen.get_state()
+        s.rng = generator_state(self.device, spec.seed)
         with self.lock, torch.inference_mode():
             prime(s.obj)
             _own(s.obj)
@@ -116,7 +116,7 @@ class StockServer:
 
     def submit(self, s: _Session, chunk: Chunk) -> dict:
         tokens = chunk_tokens(s.tokens, chunk)
-        gen = _default_generator(self.device)
+        gen = default_generator(self.device)
         with self.lock, torch.inference_mode():
             gen.set_state(s.rng)  # the process has one generator: the session's for the call
             pcm = W.stream_chunk(s.obj, tokens, chunk.last_in_turn)
@@ -190,12 +190,6 @@ class AdapterServer:
 def _own(obj: Any) -> None:
     """The session's stream cache as its own tensors (see StockServer)."""
     obj.stream_cache = {k: v.clone() for k, v in obj.stream_cache.items()}
-
-
-def _default_generator(device: torch.device) -> torch.Generator:
-    if device.type == "cuda":
-        return torch.cuda.default_generators[device.index or torch.cuda.current_device()]
-    return torch.default_generator
 
 
 def server(arm: Arm, device: Any) -> Any:

@@ -134,11 +134,22 @@ class CudaGraphBackend:
 
 
 # ----------------------------------------------------------- per-lane generators
-def _default_generator(device: torch.device) -> torch.Generator:
+def default_generator(device: torch.device) -> torch.Generator:
+    """The process's default generator of ``device`` (what unseeded draws use)."""
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()
         return torch.cuda.default_generators[idx]
     return torch.default_generator
+
+
+def generator_state(device: torch.device, seed: int | None) -> torch.Tensor:
+    """A generator state for ``device``: seeded (offset 0, what ``torch.manual_seed(seed)``
+    gives), or the default generator's state now when ``seed`` is None."""
+    if seed is None:
+        return default_generator(device).get_state()
+    fresh = torch.Generator(device=device) if device.type == "cuda" else torch.Generator()
+    fresh.manual_seed(seed)
+    return fresh.get_state()
 
 
 def lane_generator(device: torch.device, first: bool) -> torch.Generator:
@@ -152,7 +163,7 @@ def lane_generator(device: torch.device, first: bool) -> torch.Generator:
     (``set_state``) before a replay makes it draw that session's numbers. On the CPU
     each lane has a plain generator whose state is copied in and out."""
     if device.type == "cuda":
-        default = _default_generator(device)
+        default = default_generator(device)
         return default.graphsafe_get_state() if first else default.clone_state()
     return torch.Generator().set_state(torch.default_generator.get_state())
 
@@ -185,7 +196,7 @@ def drawing_from(device: torch.device, gen: torch.Generator) -> Iterator[None]:
 
 @contextmanager
 def _swapped(device: torch.device, gen: torch.Generator) -> Iterator[None]:
-    default = _default_generator(device)
+    default = default_generator(device)
     if device.type == "cuda":
         saved = default.graphsafe_get_state()
         default.graphsafe_set_state(gen)

@@ -80,7 +80,7 @@ class Binding:
         self._undo.append((obj, steps, old))
 
     def install_region(self, steps: tuple[Step, ...], region: Region) -> None:
-        install_region(self, self.model, steps, region)
+        install_region(self.model, steps, region)
 
     def unbind(self) -> None:
         """Put back the stock callables and constants bind() replaced, and the
@@ -249,7 +249,7 @@ def infer_device(model: Any):
     return torch.device("cpu")
 
 
-def install_region(binding: Binding, model: Any, steps, region: Any) -> None:
+def install_region(model: Any, steps, region: Any) -> None:
     """Put `region` at its binding site, keeping the stock state it replaces.
 
     The stock buffer may be larger (an implementation-constant envelope); the

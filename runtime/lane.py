@@ -35,7 +35,8 @@ from .declared import Aliased, CallableDecl
 from .pins import pin_at
 from .regions import Region
 from .replay import ExactShapeReplay
-from .sites import get_at, has_site, replace_at, set_at, update_at
+from .binding import adopt_prefix
+from .sites import format_path, get_at, has_site, replace_at, set_at, update_at
 from .trees import map_tensors
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class Lane:
             backend=self.backend,
             counters=[
                 HostCounter(
-                    _dotted(c.site),
+                    format_path(c.site),
                     read=lambda site=c.site: get_at(b.model, site),
                     write=lambda value, site=c.site: set_at(b.model, site, value),
                     advances=c.advances,
@@ -221,7 +222,7 @@ class Lane:
                 return loaded
         if a.how == "carry":
             return region.adopt(t)  # type: ignore[attr-defined]
-        return _adopt_prefix(region, t)
+        return adopt_prefix(region, t)
 
     # -------------------------------------------------------------- telemetry
     def storages(self) -> dict[int, tuple["Lane", str]]:
@@ -229,15 +230,3 @@ class Lane:
 
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self.regions.values())
-
-
-def _dotted(steps: tuple) -> str:
-    from .sites import format_path
-
-    return format_path(steps)
-
-
-def _adopt_prefix(region: Region, tensor: torch.Tensor) -> torch.Tensor:
-    from .binding import adopt_prefix
-
-    return adopt_prefix(region, tensor)

@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .backend import _default_generator, capture_stream, drawing_from
+from .backend import capture_stream, drawing_from, generator_state
 from .regions import Region
 from .trees import SharedState, map_tensors
 from .undeclared import watching_undeclared_writes
@@ -331,7 +331,7 @@ class Session:
         self.state = state if obj is not None else ()
         self.storage: dict[str, Region] = {}
         self.host_state: dict[str, tuple] = {}
-        self.rng_state = _initial_rng(pool.device, seed)
+        self.rng_state = generator_state(pool.device, seed)
         self.turn_key: Any = None
         self.runs = 0
         self.closed = False
@@ -566,15 +566,6 @@ class _Exclusive:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
-
-
-def _initial_rng(device: torch.device, seed: int | None) -> torch.Tensor:
-    gen = _default_generator(device)
-    if seed is None:
-        return gen.get_state()
-    fresh = torch.Generator(device=device) if device.type == "cuda" else torch.Generator()
-    fresh.manual_seed(seed)
-    return fresh.get_state()
 
 
 @contextmanager
