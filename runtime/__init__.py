@@ -27,6 +27,7 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   sessions     SessionPool, Session: many exact streams on one binding
   undeclared   model tensors a contract leaves out, found before a second lane
   trees        tensor leaves of containers; state kept in a model's shared objects
+  streams      StreamSpec: build a stock model, drive its loop (verify, draft)
 """
 
 from .audit import AuditRecord, bitwise_equal, first_difference
