@@ -1,4 +1,4 @@
-"""Emit: render the template context into black-formatted Python files.
+"""Emit: render the lowered contract into black-formatted Python files.
 
 Jinja runs with StrictUndefined and one filter table; output is formatted
 in-process by the pinned black with a fixed mode, so it is byte-identical on
@@ -11,6 +11,8 @@ import functools
 
 import black
 import jinja2
+
+from duplexcadence.compiler.lower import LoweredContract
 
 TEMPLATES = {
     "__init__.py": "__init__.py.jinja",
@@ -36,11 +38,11 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_package(context: dict) -> dict[str, str]:
+def render_package(lowered: LoweredContract) -> dict[str, str]:
     """Return {file name: formatted source} for one contract's generated package."""
     env = _environment()
     files = {}
     for name, template in TEMPLATES.items():
-        text = env.get_template(template).render(**context)
+        text = env.get_template(template).render(**lowered.context())
         files[name] = black.format_str(text, mode=BLACK_MODE)
     return files

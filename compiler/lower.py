@@ -1,168 +1,321 @@
-"""Lowering: validated IR + analysis -> the plain context the templates render.
+"""Lowering: validated IR + analysis -> the typed context the templates render.
 
-All decisions (what is a carry, which classes exist, how each argument is
-materialised for capture) are made here and handed to the templates as strings
-and lists; templates only loop and branch. Code fragments are built from
-identifiers that the grammar restricts to a safe character set and from
-`repr()` of strings and integers, so a contract cannot inject code.
+All decisions (what is a carry, which classes exist, which leaves of a catalog are
+shared by every class, how each argument is materialised for capture) are made here
+and handed to the templates as frozen dataclasses of plain values; templates only
+loop, branch and render values with their macros. No code is built here: names and
+paths reach the templates as strings and integers, which the templates print with
+`repr()`, and the grammar restricts identifiers and strings to a safe character set,
+so a contract cannot inject code.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar, Union
 
 from duplexcadence.dsl import ir
 from duplexcadence.compiler.analysis import Analysis, CatalogClass, _eval, _value
 from duplexcadence.compiler.validate import Checked
 
-RETENTION_CLASS = {"head_tail": "HeadTail", "window": "Window", "ring": "Ring"}
-EFFECT = {"none": "Effect.NONE", "device_rng": "Effect.DEVICE_RNG", "host_rng": "Effect.HOST_RNG"}
+RETENTION = {
+    "head_tail": ("HeadTail", ("head", "tail")),
+    "window": ("Window", ("width",)),
+    "ring": ("Ring", ("capacity",)),
+}
+EFFECT = {"none": "NONE", "device_rng": "DEVICE_RNG", "host_rng": "HOST_RNG"}
 
 
-def steps_code(path: ir.Path, *, include_root: bool) -> str:
-    steps = [("attr", path.root)] if include_root else []
-    steps += [(s.kind, s.value) for s in path.steps]
-    inner = ", ".join(f"({k!r}, {v!r})" for k, v in steps)
-    return f"({inner},)" if len(steps) == 1 else f"({inner})"
+# ---------------------------------------------------------------- catalog leaves
+@dataclass(frozen=True)
+class TensorLeaf:
+    """A staged input: `TensorSpec(shape, torch.<dtype>, stride=..., offset=...)`."""
+
+    kind: ClassVar[str] = "tensor"
+    shape: tuple[int, ...]
+    dtype: str  # the torch attribute: float32, bool, ...
+    stride: tuple[int, ...] | None = None
+    offset: int | None = None
 
 
-def access_code(base: str, path: ir.Path) -> str:
-    """`kwargs["cache"]["estimator_att_cache"]`-style access for comments and docs."""
-    out = f"{base}[{path.root!r}]"
-    for s in path.steps:
-        out += f".{s.value}" if s.kind == "attr" else f"[{s.value!r}]"
-    return out
+@dataclass(frozen=True)
+class RegionLeaf:
+    """An aliased input: `RegionView(region, extent, index=...)`."""
+
+    kind: ClassVar[str] = "region"
+    region: str
+    extent: int | None  # None: a region without a clock extent, passed whole
+    index: int | None = None  # `region r[i]`: one slot of the leading axis
 
 
-def _arg_steps(arg: ir.Arg, position: int) -> str:
-    head = ("key", arg.path.root) if arg.keyword else ("index", position)
-    steps = [head] + [(s.kind, s.value) for s in arg.path.steps]
-    inner = ", ".join(f"({k!r}, {v!r})" for k, v in steps)
-    return f"({inner},)" if len(steps) == 1 else f"({inner})"
+@dataclass(frozen=True)
+class ValueLeaf:
+    """A scalar keyed by value; `code` is its repr (so True and 1 stay apart)."""
+
+    kind: ClassVar[str] = "value"
+    code: str
 
 
-def _leaf_code(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> str:
+Leaf = Union[TensorLeaf, RegionLeaf, ValueLeaf]
+
+
+@dataclass(frozen=True)
+class OneOfLeaf:
+    """A leaf that differs between a catalog's classes: its distinct values, first use first."""
+
+    kind: ClassVar[str] = "one_of"
+    choices: tuple[Leaf, ...]
+
+
+@dataclass(frozen=True)
+class DictNode:
+    """Args sharing one root (`cache["a"]`, `cache["b"]`) as a dict, keys in declaration order."""
+
+    kind: ClassVar[str] = "dict"
+    items: tuple[tuple[str, "Node"], ...]
+
+
+Node = Union[TensorLeaf, RegionLeaf, ValueLeaf, OneOfLeaf, DictNode]
+
+
+@dataclass(frozen=True)
+class CatalogRow:
+    name: str
+    picks: tuple[int, ...]  # the index chosen in each OneOf, in traversal order
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """`CatalogDecl(args, kwargs, rows=...)`: what every class shares, once, and one row
+    per class (runtime/classes.py expands it)."""
+
+    args: tuple[Node, ...]
+    kwargs: tuple[tuple[str, Node], ...]
+    varying: tuple[str, ...]  # the contract paths of the OneOf leaves, in pick order
+    rows: tuple[CatalogRow, ...]
+
+
+# ---------------------------------------------------------------- declarations
+@dataclass(frozen=True)
+class Aliased:
+    region: str
+    container: str  # "args" | "kwargs"
+    steps: str  # dotted, from the container: `["cache"]["k"]`, `[1]`
+    how: str  # carry | prefix | slot
+
+
+@dataclass(frozen=True)
+class Counter:
+    site: str
+    advances: int
+    start: int
+
+
+@dataclass(frozen=True)
+class Retains:
+    region: str
+    steps: str  # dotted, from the result
+
+
+@dataclass(frozen=True)
+class LoweredCallable:
+    name: str
+    site: str
+    per: str | None
+    replay: bool
+    reason: str
+    width: int
+    bound: int
+    effect: str  # an Effect member
+    ambient: tuple[str | None, ...]  # autocast dtype per captured state; None: off
+    aliased: tuple[Aliased, ...]
+    retains: tuple[Retains, ...]
+    writes: tuple[str, ...]  # write-through regions with a site (pointer-checked)
+    pins: tuple[str, ...]  # pinned regions the stock code rebinds every call
+    counters: tuple[Counter, ...]
+    catalog: Catalog | None  # None when left eager
+
+
+@dataclass(frozen=True)
+class Retention:
+    kind: str  # HeadTail | Window | Ring
+    params: tuple[tuple[str, int], ...]
+
+
+FieldValue = Union[str, int, tuple, Retention]
+
+
+@dataclass(frozen=True)
+class RegionRow:
+    name: str
+    fields: tuple[tuple[str, FieldValue], ...]  # the fields not in RegionTable's common
+    demand_mib: str
+    stock_mib: str | None
+    rho: float
+    attended: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    install: str
+    site: str | None
+
+
+@dataclass(frozen=True)
+class LoweredContract:
+    compiler_version: str
+    contract: str
+    target: str | None
+    source_name: str
+    source_sha256: str
+    imports: tuple[str, ...]  # runtime names contract.py uses, and no other
+    uses_torch: bool
+    determinism: tuple[tuple[str, bool], ...]
+    region_common: tuple[tuple[str, FieldValue], ...]
+    regions: tuple[RegionRow, ...]
+    callables: tuple[LoweredCallable, ...]
+    constants: tuple[Constant, ...]
+
+    def context(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# ---------------------------------------------------------------- catalogs
+def _leaf(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> Leaf:
     t = arg.type
     config = dict(cls.config)
     if isinstance(t, ir.RegionArg):
-        # a region without a clock extent is passed whole (extent None)
         extent = dict(cls.extents).get(t.region)
-        if t.index is None:
-            return f"RegionView({t.region!r}, {extent})"
-        # `region r[i]`: one slot of the leading axis, as the call reads it
-        shown = "" if extent is None else f"extent={extent}, "
-        return f"RegionView({t.region!r}, {shown}index={config[t.index]!r})"
+        index = None if t.index is None else config[t.index]
+        return RegionLeaf(t.region, extent, index)
     if isinstance(t, ir.TensorArg):
         env = {n: _value(v) for n, v in config.items()}
-        dims = tuple(_eval(d, checked, env) for d in t.dims)
-        dtype = f"torch.{t.dtype if t.dtype != 'bool8' else 'bool'}"
-        extra = ""
-        if t.strides is not None:
-            extra += f", stride={tuple(_eval(d, checked, env) for d in t.strides)!r}"
-        if t.offset is not None:
-            extra += f", offset={_eval(t.offset, checked, env)!r}"
-        return f"TensorSpec({dims!r}, {dtype}{extra})"
-    if t.type == "none":
-        return "None"
-    return repr(config[arg.path.root])
+        evaluate = lambda exprs: tuple(_eval(d, checked, env) for d in exprs)  # noqa: E731
+        return TensorLeaf(
+            evaluate(t.dims),
+            "bool" if t.dtype == "bool8" else t.dtype,
+            None if t.strides is None else evaluate(t.strides),
+            None if t.offset is None else _eval(t.offset, checked, env),
+        )
+    return ValueLeaf("None" if t.type == "none" else repr(config[arg.path.root]))
 
 
-def _structure(args: list[ir.Arg], cls: CatalogClass, checked: Checked) -> str:
-    """Render args sharing one root as a (nested) dict literal, others as leaves."""
-    groups: dict[str, list[ir.Arg]] = {}
+def _class_tree(args: list[ir.Arg], cls: CatalogClass, checked: Checked) -> dict:
+    """{root: (path, leaf) | nested dict}: args sharing one root nest by their key steps
+    (validation allows key steps only, no overlap)."""
+    tree: dict = {}
     for a in args:
-        groups.setdefault(a.path.root, []).append(a)
-    parts = []
-    for root, members in groups.items():
-        if len(members) == 1 and not members[0].path.steps:
-            parts.append((root, _leaf_code(members[0], cls, checked)))
-        else:
-            # `cache["a"]["x"]`: key paths nest (validation allows key steps only, no overlap)
-            tree: dict = {}
-            for m in members:
-                node = tree
-                for s in m.path.steps[:-1]:
-                    node = node.setdefault(s.value, {})
-                node[m.path.steps[-1].value] = _leaf_code(m, cls, checked)
-            parts.append((root, _dict_code(tree)))
-    return parts
+        if not a.path.steps:
+            tree[a.path.root] = (a.path.dotted(), _leaf(a, cls, checked))
+            continue
+        node = tree.setdefault(a.path.root, {})
+        for s in a.path.steps[:-1]:
+            node = node.setdefault(s.value, {})
+        node[a.path.steps[-1].value] = (a.path.dotted(), _leaf(a, cls, checked))
+    return tree
 
 
-def _autocast_code(state: str) -> str:
-    return "Autocast(None)" if state == "off" else f"Autocast(torch.{state})"
+def _flatten(tree: dict) -> list[tuple[str, Leaf]]:
+    """(path, leaf) in the order the runtime meets them (runtime/classes.py)."""
+    out = []
+    for v in tree.values():
+        out += _flatten(v) if isinstance(v, dict) else [v]
+    return out
 
 
-def _dict_code(tree: dict) -> str:
-    items = (f"{k!r}: {v if isinstance(v, str) else _dict_code(v)}" for k, v in tree.items())
-    return "{" + ", ".join(items) + "}"
+def _typed(tree: dict, leaf_at) -> tuple[tuple[str, Node], ...]:
+    """`tree` with each (path, leaf) replaced by `leaf_at(position)`, in flatten order."""
+    items = []
+    for k, v in tree.items():
+        node = DictNode(_typed(v, leaf_at)) if isinstance(v, dict) else leaf_at()
+        items.append((k, node))
+    return tuple(items)
 
 
-def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
-    regions = {r.name: r for r in checked.contract.regions}
+def lower_catalog(k: ir.Callable, classes: tuple[CatalogClass, ...], checked: Checked) -> Catalog:
+    """Factor the leaves every class shares out of the catalog: one row per class."""
     positional = [a for a in k.args if not a.keyword]
     keyword = [a for a in k.args if a.keyword]
-    classes = []
-    seen: set[str] = set()
+    trees, leaves, names = [], [], []
     # canonical order, so reordering independent declarations changes nothing
-    ordered = sorted(analysis.classes, key=lambda c: (c.extents, sorted(c.config, key=str)))
-    for cls in ordered:
-        pos = _structure(positional, cls, checked)
-        kw = _structure(keyword, cls, checked)
-        args_code = "(" + "".join(f"{code}, " for _, code in pos) + ")"
-        kwargs_code = "{" + ", ".join(f"{name!r}: {code}" for name, code in kw) + "}"
-        if (args_code, kwargs_code) in seen:
+    for cls in sorted(classes, key=lambda c: (c.extents, sorted(c.config, key=str))):
+        tree = (_class_tree(positional, cls, checked), _class_tree(keyword, cls, checked))
+        flat = _flatten(tree[0]) + _flatten(tree[1])
+        if tuple(flat) in leaves:
             continue  # two configurations that differ only outside the signature
-        seen.add((args_code, kwargs_code))
-        classes.append({"label": cls.label(), "args": args_code, "kwargs": kwargs_code})
-    positions = {id(a): i for i, a in enumerate(positional)}
-    aliased = []
+        trees.append(tree)
+        leaves.append(tuple(flat))
+        names.append(cls.label())
+    columns = list(zip(*leaves)) if leaves else []
+    choices = [tuple(dict.fromkeys(leaf for _, leaf in column)) for column in columns]
+    varying = [i for i, c in enumerate(choices) if len(c) > 1]
+    position = iter(range(len(columns)))
+
+    def leaf_at() -> Node:
+        i = next(position)
+        return OneOfLeaf(choices[i]) if i in varying else choices[i][0]
+
+    args = tuple(node for _, node in _typed(trees[0][0], leaf_at)) if trees else ()
+    kwargs = _typed(trees[0][1], leaf_at) if trees else ()
+    rows = tuple(
+        CatalogRow(name, tuple(choices[i].index(flat[i][1]) for i in varying))
+        for name, flat in zip(names, leaves)
+    )
+    return Catalog(args, kwargs, tuple(columns[i][0][0] for i in varying), rows)
+
+
+# ---------------------------------------------------------------- callables
+def _after_root(path: ir.Path) -> str:
+    """The dotted spelling of a path's steps after its root: `["k"][1]`, `.x`."""
+    return path.dotted()[len(path.root) :]
+
+
+def _aliased(k: ir.Callable, regions: dict[str, ir.Region]) -> tuple[Aliased, ...]:
+    positional = [a for a in k.args if not a.keyword]
+    out = []
     for a in k.args:
-        if isinstance(a.type, ir.RegionArg) and a.type.region in k.aliased:
-            # carries adopt with retention; fixed regions keep the stock's leading part;
-            # `region r[i]`: a slot is read where the caller put it (no adoption)
-            how = (
-                "slot"
-                if a.type.index is not None
-                else "carry" if regions[a.type.region].retention is not None else "prefix"
-            )
-            container = "kwargs" if a.keyword else "args"
-            aliased.append(
-                f"Aliased({a.type.region!r}, {container!r}, "
-                f"{_arg_steps(a, positions.get(id(a), 0))}, {how!r}),"
-                f"  # {access_code(container, a.path)}"
-            )
-    return {
-        "name": k.name,
-        "site": steps_code(k.site, include_root=True),
-        "site_shown": k.site.dotted(),
-        "per": k.per,
-        "replay": analysis.in_scope,
-        "reason": analysis.scope_reason,
-        "width": analysis.width,
-        "bound": analysis.bound,
-        "effect": EFFECT[k.effects],
+        if not (isinstance(a.type, ir.RegionArg) and a.type.region in k.aliased):
+            continue
+        # carries adopt with retention; fixed regions keep the stock's leading part;
+        # `region r[i]`: a slot is read where the caller put it (no adoption)
+        if a.type.index is not None:
+            how = "slot"
+        else:
+            how = "carry" if regions[a.type.region].retention is not None else "prefix"
+        head = f'["{a.path.root}"]' if a.keyword else f"[{positional.index(a)}]"
+        container = "kwargs" if a.keyword else "args"
+        out.append(Aliased(a.type.region, container, head + _after_root(a.path), how))
+    return tuple(out)
+
+
+def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallable:
+    regions = {r.name: r for r in checked.contract.regions}
+    return LoweredCallable(
+        name=k.name,
+        site=k.site.dotted(),
+        per=k.per,
+        replay=analysis.in_scope,
+        reason=analysis.scope_reason,
+        width=analysis.width,
+        bound=analysis.bound,
+        effect=EFFECT[k.effects],
         # the autocast states each class is captured under (runtime/ambient.py)
-        "ambient": [_autocast_code(v) for a in k.ambient for v in a.values],
-        "aliased": aliased,
-        # write-through regions with a site: pointer-checked on every call
-        "writes": [w for w in k.writes if regions[w].site is not None],
+        ambient=tuple(None if v == "off" else v for a in k.ambient for v in a.values),
+        aliased=_aliased(k, regions),
+        retains=tuple(
+            Retains(r.region, _after_root(r.source).removeprefix(".")) for r in k.retains
+        ),
+        writes=tuple(w for w in k.writes if regions[w].site is not None),
         # stock code rebinds these attributes every call: copy the new value in, put
         # the pinned tensor back (inside a capture, the copy is part of the graph)
-        "pins": [w for w in k.writes if regions[w].address == "pinned"],
-        "counters": [
-            f"Counter({steps_code(n.site, include_root=True)}, advances={n.advances}, "
-            f"start={n.start}),  # {n.site.dotted()}"
-            for n in k.counters
-        ],
-        "retains": [
-            f"Retains({r.region!r}, "
-            f"{steps_code(ir.Path(root='_', steps=r.source.steps), include_root=False)}),"
-            f"  # {r.source.dotted()}"
-            for r in k.retains
-        ],
-        "classes": classes,
-        "note": k.note,
-    }
+        pins=tuple(w for w in k.writes if regions[w].address == "pinned"),
+        counters=tuple(Counter(n.site.dotted(), n.advances, n.start) for n in k.counters),
+        catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
+    )
 
 
+# ---------------------------------------------------------------- regions
 def region_installs(c: ir.Contract) -> dict[str, str]:
     """How bind() provides each region (runtime/declared.py): carry | allocate | stock
     | pinned | declared. A region with no site that no callable reads or writes
@@ -189,6 +342,56 @@ def region_installs(c: ir.Contract) -> dict[str, str]:
     return out
 
 
+def _region_fields(r: ir.Region, a, numbers, install: str) -> dict[str, FieldValue]:
+    """RegionTable's fields of one region (runtime/declared.py); None is left out."""
+    retention = None
+    if numbers.retention is not None:
+        kind, params = numbers.retention
+        name, keys = RETENTION[kind]
+        retention = Retention(name, tuple(zip(keys, params)))
+    values = {
+        "dtype": "bool" if r.dtype == "bool8" else r.dtype,
+        "shape": tuple(a.shape),
+        "axis": a.axis,
+        "lifetime": r.lifetime,
+        "mutability": r.mutability,
+        "install": install,
+        "retention": retention,
+        "site": r.site.dotted() if r.site else None,
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def lower_regions(checked: Checked, analysis: Analysis) -> tuple[tuple, tuple[RegionRow, ...]]:
+    """The fields every region shares (with two or more regions), and one row each."""
+    c = checked.contract
+    by_name = {r.name: r for r in analysis.regions}
+    installs = region_installs(c)
+    ordered = sorted(c.regions, key=lambda r: r.name)
+    own = [
+        _region_fields(r, by_name[r.name], checked.regions[r.name], installs[r.name])
+        for r in ordered
+    ]
+    common = {}
+    if len(own) > 1:
+        common = {k: v for k, v in own[0].items() if all(o.get(k, None) == v for o in own)}
+    rows = []
+    for r, values in zip(ordered, own):
+        a = by_name[r.name]
+        rows.append(
+            RegionRow(
+                name=r.name,
+                fields=tuple((k, v) for k, v in values.items() if k not in common),
+                demand_mib=f"{a.demand_bytes / 2**20:.2f}",
+                stock_mib=f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
+                rho=a.rho,
+                attended=tuple(a.attended),
+            )
+        )
+    return tuple(common.items()), tuple(rows)
+
+
+# ---------------------------------------------------------------- the contract
 def lower(
     checked: Checked,
     analysis: Analysis,
@@ -196,97 +399,75 @@ def lower(
     compiler_version: str,
     source_name: str,
     source_sha256: str,
-) -> dict:
+) -> LoweredContract:
     c = checked.contract
-    by_name = {r.name: r for r in analysis.regions}
-    installs = region_installs(c)
-    regions = []
-    for r in sorted(c.regions, key=lambda r: r.name):
-        a = by_name[r.name]
-        numbers = checked.regions[r.name]
-        retention = None
-        if numbers.retention is not None:
-            kind, params = numbers.retention
-            if kind == "head_tail":
-                retention = f"HeadTail(head={params[0]}, tail={params[1]})"
-            elif kind == "window":
-                retention = f"Window(width={params[0]})"
-            else:
-                retention = f"Ring(capacity={params[0]})"
-        install = installs[r.name]
-        regions.append(
-            {
-                "install": install,
-                "name": r.name,
-                "dtype": "bool" if r.dtype == "bool8" else r.dtype,
-                "shape": repr(a.shape),
-                "axis": repr(a.axis),
-                "lifetime": r.lifetime,
-                "mutability": r.mutability,
-                "retention": retention,
-                "site": steps_code(r.site, include_root=True) if r.site else None,
-                "site_shown": r.site.dotted() if r.site else None,
-                "demand_mib": f"{a.demand_bytes / 2**20:.2f}",
-                "stock_mib": f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
-                "rho": a.rho,
-                "attended": list(a.attended),
-                "address": r.address,
-                "allocated": install != "declared",
-                "adopt_stock": r.allocate == "stock" or r.address == "pinned",
-                "note": r.note,
-            }
-        )
-    callables = [
+    common, regions = lower_regions(checked, analysis)
+    callables = tuple(
         lower_callable(k, checked, ka)
         for k, ka in sorted(zip(c.callables, analysis.callables), key=lambda p: p[0].name)
-    ]
-    constants = [
-        {
-            "name": h.name,
-            "site": steps_code(h.site, include_root=True) if h.site else None,
-            "site_shown": h.site.dotted() if h.site else None,
-            "install": h.install,
-            "note": h.note,
-        }
+    )
+    constants = tuple(
+        Constant(h.name, h.install, h.site.dotted() if h.site else None)
         for h in sorted(c.constants, key=lambda h: h.name)
-    ]
-    determinism = [
-        {"setting": d.setting, "value": repr(d.value)}
-        for d in sorted(c.determinism, key=lambda d: d.setting)
-    ]
-    return {
-        "imports": _imports(regions, callables, constants),
-        "compiler_version": compiler_version,
-        "contract": c.name,
-        "target": c.target,
-        "source_name": source_name,
-        "source_sha256": source_sha256,
-        "determinism": determinism,
-        "regions": regions,
-        "callables": callables,
-        "constants": constants,
-    }
+    )
+    imports, uses_torch = _imports(common, regions, callables, constants)
+    return LoweredContract(
+        compiler_version=compiler_version,
+        contract=c.name,
+        target=c.target,
+        source_name=source_name,
+        source_sha256=source_sha256,
+        imports=imports,
+        uses_torch=uses_torch,
+        determinism=tuple(
+            (d.setting, d.value) for d in sorted(c.determinism, key=lambda d: d.setting)
+        ),
+        region_common=common,
+        regions=regions,
+        callables=callables,
+        constants=constants,
+    )
 
 
-def _imports(regions: list[dict], callables: list[dict], constants: list[dict]) -> list[str]:
-    """The runtime names contract.py uses, and no other (generated code imports only
-    what it uses)."""
-    used = {"CallableDecl", "ContractDecl", "Effect", "RegionDecl", "RegionSpec"}
-    text = " ".join(r["retention"] or "" for r in regions)
-    used |= {n for n in ("HeadTail", "Window", "Ring") if n + "(" in text}
+def _nodes(catalog: Catalog):
+    """Every leaf node of a catalog (OneOf choices included)."""
+    stack = list(catalog.args) + [n for _, n in catalog.kwargs]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, DictNode):
+            stack += [v for _, v in n.items]
+        elif isinstance(n, OneOfLeaf):
+            yield n
+            stack += list(n.choices)
+        else:
+            yield n
+
+
+def _imports(common, regions, callables, constants) -> tuple[tuple[str, ...], bool]:
+    """The runtime names contract.py uses, and whether it uses torch (generated code
+    imports only what it uses)."""
+    used = {"CallableDecl", "ContractDecl", "Effect", "RegionTable"}
+    values = [v for _, v in common] + [v for r in regions for _, v in r.fields]
+    used |= {v.kind for v in values if isinstance(v, Retention)}
+    uses_torch = bool(regions)  # dtypes
     if constants:
         used.add("ConstantDecl")
     for k in callables:
-        if k["replay"] and k["classes"]:
-            used.add("CaptureClass")
-        code = " ".join(f"{c['args']} {c['kwargs']}" for c in k["classes"])
-        used |= {n for n in ("TensorSpec", "RegionView") if n + "(" in code}
-        if k["ambient"]:
-            used.add("Autocast")
-        if k["aliased"]:
-            used.add("Aliased")
-        if k["retains"]:
-            used.add("Retains")
-        if k["counters"]:
-            used.add("Counter")
-    return sorted(used)
+        if k.catalog is not None:
+            used.add("CatalogDecl")
+            kinds = {type(n) for n in _nodes(k.catalog)}
+            used |= {name for t, name in _LEAF_IMPORTS if t in kinds}
+            uses_torch |= TensorLeaf in kinds
+        uses_torch |= any(v is not None for v in k.ambient)
+        for name, present in (
+            ("Autocast", k.ambient),
+            ("Aliased", k.aliased),
+            ("Retains", k.retains),
+            ("Counter", k.counters),
+        ):
+            if present:
+                used.add(name)
+    return tuple(sorted(used)), uses_torch
+
+
+_LEAF_IMPORTS = ((TensorLeaf, "TensorSpec"), (RegionLeaf, "RegionView"), (OneOfLeaf, "OneOf"))

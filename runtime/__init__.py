@@ -9,7 +9,8 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   cow          CopyOnWrite: shared immutable state, private copy on first write
   audit        bitwise comparison and divergence records
   signature    signature_of, CatalogDispatch, Miss and the miss reasons
-  classes      CaptureClass, TensorSpec, RegionView (catalog entries by example)
+  classes      CaptureClass, TensorSpec, RegionView (catalog entries by example),
+               CatalogDecl, OneOf (a catalog as rows)
   effects      Effect, host RNG snapshot/compare
   backend      CudaGraphBackend, FakeGraphBackend (the only CUDA-graph code)
   outputs      the output rule (regions as-is, everything else cloned)
@@ -33,7 +34,15 @@ decoder or operator and never imports the compiler. Layers, one concept each:
 from .audit import AuditRecord, bitwise_equal, first_difference
 from .backend import CudaGraphBackend, FakeGraphBackend, GraphBackend
 from .carry import CarryRegion
-from .classes import CaptureClass, RegionView, TensorSpec, materialize, staging_bytes
+from .classes import (
+    CaptureClass,
+    CatalogDecl,
+    OneOf,
+    RegionView,
+    TensorSpec,
+    materialize,
+    staging_bytes,
+)
 from .counters import HostCounter
 from .controls import (
     ReplayMiss,
@@ -70,6 +79,8 @@ __all__ = [
     "GraphBackend",
     "CarryRegion",
     "CaptureClass",
+    "CatalogDecl",
+    "OneOf",
     "RegionView",
     "TensorSpec",
     "materialize",
@@ -116,6 +127,7 @@ from .declared import (  # noqa: E402
     ContractDecl,
     Counter,
     RegionDecl,
+    RegionTable,
     Retains,
 )
 from .lane import Lane, LaneError  # noqa: E402
@@ -132,6 +144,7 @@ from .sites import (
     SiteError,
     get_at,
     has_site,
+    parse_path,
     replace_at,
     require_sites,
     set_at,
@@ -149,6 +162,7 @@ __all__ += [
     "LaneError",
     "NoLaneAvailable",
     "RegionDecl",
+    "RegionTable",
     "Retains",
     "Session",
     "SessionBusy",
@@ -163,6 +177,7 @@ __all__ += [
     "SiteError",
     "get_at",
     "has_site",
+    "parse_path",
     "replace_at",
     "require_sites",
     "set_at",

@@ -13,12 +13,17 @@ its argument structure with tensor leaves described, not given:
 ``materialize`` turns a description into real arguments; the class's signature is
 then computed from those arguments with the same ``signature_of`` that runs on
 live calls, so generated code and live traffic can never disagree on the key.
+
+Generated code writes a callable's catalog as a ``CatalogDecl``: the argument
+structure once, a leaf that differs between classes as ``OneOf(...)`` its distinct
+values, and one row per class (its name and the index it picks in each ``OneOf``).
+``CatalogDecl`` is the sequence of the ``CaptureClass`` objects it expands to.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -75,6 +80,74 @@ class CaptureClass:
     name: str
     args: tuple = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, init=False)
+class OneOf:
+    """A leaf of a catalog's argument structure that differs between its classes: each
+    class (row of a ``CatalogDecl``) picks one of ``choices`` by index."""
+
+    choices: tuple
+
+    def __init__(self, *choices: Any) -> None:
+        if len(choices) < 2:
+            raise ValueError("OneOf needs at least two choices (one is a plain leaf)")
+        object.__setattr__(self, "choices", choices)
+
+
+class CatalogDecl(Sequence[CaptureClass]):
+    """A catalog as generated code writes it, and the ``CaptureClass`` tuple it expands to.
+
+    ``args``/``kwargs`` are the argument structure every class shares; ``rows`` maps
+    each class name, in capture order, to the index it picks in each ``OneOf`` of that
+    structure, in the order they appear (``args`` first, then ``kwargs``, depth first).
+    """
+
+    def __init__(
+        self,
+        args: tuple = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        rows: Mapping[str, tuple[int, ...]],
+    ) -> None:
+        kwargs = {} if kwargs is None else kwargs
+        self.classes = tuple(_expand(name, picks, args, kwargs) for name, picks in rows.items())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.classes[i]
+
+    def __len__(self) -> int:
+        return len(self.classes)
+
+    def __iter__(self) -> Iterator[CaptureClass]:
+        return iter(self.classes)
+
+    def __repr__(self) -> str:
+        return f"CatalogDecl({len(self.classes)} classes)"
+
+
+def _expand(name: str, picks: tuple[int, ...], args: tuple, kwargs: Mapping) -> CaptureClass:
+    """The class `name`: the structure with its `OneOf` leaves replaced by its picks."""
+    remaining = list(picks)
+
+    def fill(x: Any) -> Any:
+        if isinstance(x, OneOf):
+            if not remaining:
+                raise ValueError(f"class {name}: {len(picks)} picks for more leaves that vary")
+            i = remaining.pop(0)
+            if not (type(i) is int and 0 <= i < len(x.choices)):
+                raise ValueError(f"class {name}: pick {i!r} of {len(x.choices)} choices")
+            return x.choices[i]
+        if type(x) in (tuple, list):
+            return type(x)(fill(i) for i in x)
+        if type(x) is dict:
+            return {k: fill(v) for k, v in x.items()}
+        return x
+
+    cls = CaptureClass(name, tuple(fill(a) for a in args), {k: fill(v) for k, v in kwargs.items()})
+    if remaining:
+        raise ValueError(f"class {name}: {len(picks)} picks for fewer leaves that vary")
+    return cls
 
 
 def materialize(

@@ -3,7 +3,10 @@
 Contract of this layer: these frozen dataclasses are the whole interface between
 generated code and the runtime. clockc writes one ``ContractDecl`` per contract
 (``generated/<contract>/contract.py``) as literals — names only as string keys,
-sites as step tuples (``runtime/sites.py``) — and the hand-written, tested binder
+sites as dotted paths that ``__post_init__`` parses into step tuples
+(``runtime/sites.py``: ``"flow.decoder.x"``, ``'cache["k"]'``, ``"[1]"``), regions as a
+``RegionTable`` and catalogs as ``CatalogDecl`` rows (``classes.py``), both expanded to
+exactly the objects they stand for — and the hand-written, tested binder
 (``binder.py``, ``lane.py``) does everything else. Nothing in a declaration is code:
 a contract's text can reach the runtime only as these values.
 
@@ -22,17 +25,27 @@ regions are per session; ``operator``, ``chunk`` and ``unit`` are per lane (scra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Iterator, Literal, Mapping
 
 from .ambient import AUTOCAST_OFF, Autocast
 from .classes import CaptureClass
 from .effects import Effect
 from .regions import RegionSpec
 from .retention import Retention
-from .sites import Step
+from .sites import Step, parse_path
 
 Install = Literal["carry", "allocate", "stock", "pinned", "declared"]
 PER_SESSION = frozenset({"turn", "session"})
+
+
+def _steps(path: str | tuple[Step, ...] | None) -> tuple[Step, ...] | None:
+    """A site as written (a dotted path) or as steps, as steps."""
+    return parse_path(path) if isinstance(path, str) else path
+
+
+def _normalise(obj: Any, **values: Any) -> None:
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,9 @@ class RegionDecl:
     install: Install
     retention: Retention | None = None
     site: tuple[Step, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _normalise(self, site=_steps(self.site))
 
     @property
     def name(self) -> str:
@@ -65,6 +81,9 @@ class Aliased:
     steps: tuple[Step, ...]
     how: Literal["carry", "prefix", "slot"]
 
+    def __post_init__(self) -> None:
+        _normalise(self, steps=_steps(self.steps))
+
 
 @dataclass(frozen=True)
 class Retains:
@@ -74,12 +93,18 @@ class Retains:
     region: str
     steps: tuple[Step, ...]
 
+    def __post_init__(self) -> None:
+        _normalise(self, steps=_steps(self.steps))
+
 
 @dataclass(frozen=True)
 class Counter:
     site: tuple[Step, ...]
     advances: int
     start: int
+
+    def __post_init__(self) -> None:
+        _normalise(self, site=_steps(self.site))
 
 
 @dataclass(frozen=True)
@@ -97,12 +122,19 @@ class CallableDecl:
     pins: tuple[str, ...] = ()  # pinned regions this callable's stock code rebinds
     counters: tuple[Counter, ...] = ()
 
+    def __post_init__(self) -> None:
+        # a CatalogDecl (or any sequence) of classes is kept as the tuple it expands to
+        _normalise(self, site=_steps(self.site), classes=tuple(self.classes))
+
 
 @dataclass(frozen=True)
 class ConstantDecl:
     name: str
     install: Literal["device_buffer", "hoisted", "left_eager"]
     site: tuple[Step, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _normalise(self, site=_steps(self.site))
 
 
 @dataclass(frozen=True)
@@ -114,6 +146,9 @@ class ContractDecl:
     regions: dict[str, RegionDecl]
     callables: tuple[CallableDecl, ...]
     constants: tuple[ConstantDecl, ...] = ()
+
+    def __post_init__(self) -> None:
+        _normalise(self, regions=dict(self.regions))  # a RegionTable as the dict it stands for
 
     def sites_to_check(self) -> dict[str, tuple[Step, ...]]:
         """Every site bind() must find before it changes anything."""
@@ -127,3 +162,47 @@ class ContractDecl:
             if c.site is not None and c.install == "device_buffer":
                 out[c.name] = c.site
         return out
+
+
+# RegionSpec's fields and RegionDecl's, as a RegionTable names them; those absent are None
+_SPEC_FIELDS = ("dtype", "shape", "axis", "lifetime", "mutability")
+_DECL_FIELDS = ("install", "retention", "site")
+_OPTIONAL = frozenset({"axis", "retention", "site"})
+
+
+class RegionTable(Mapping[str, RegionDecl]):
+    """REGIONS as generated code writes them, and the ``{name: RegionDecl}`` they stand for.
+
+    ``common`` holds the fields every region shares, ``rows`` each region's own fields
+    (name -> fields); a field is one of RegionSpec's (``dtype``, ``shape``, ``axis``,
+    ``lifetime``, ``mutability``) or RegionDecl's (``install``, ``retention``, ``site``).
+    ``axis``, ``retention`` and ``site`` may be absent (None); a field given in both
+    ``common`` and a row is an error, not an override."""
+
+    def __init__(self, common: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> None:
+        self._regions = {name: _region(name, common, own) for name, own in rows.items()}
+
+    def __getitem__(self, name: str) -> RegionDecl:
+        return self._regions[name]
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._regions)
+
+    def __repr__(self) -> str:
+        return f"RegionTable({list(self._regions)})"
+
+
+def _region(name: str, common: Mapping[str, Any], own: Mapping[str, Any]) -> RegionDecl:
+    both = sorted(set(common) & set(own))
+    fields = {**common, **own}
+    unknown = sorted(set(fields) - set(_SPEC_FIELDS) - set(_DECL_FIELDS))
+    missing = sorted(set(_SPEC_FIELDS + _DECL_FIELDS) - set(fields) - _OPTIONAL)
+    if both or unknown or missing:
+        raise ValueError(
+            f"region {name}: fields given twice {both}, unknown {unknown}, missing {missing}"
+        )
+    spec = RegionSpec(name, *(fields.get(f) for f in _SPEC_FIELDS))
+    return RegionDecl(spec, *(fields.get(f) for f in _DECL_FIELDS))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import types
 from typing import Any
 
@@ -192,6 +193,35 @@ def format_path(steps: tuple[Step, ...]) -> str:
         else:
             out += f"[{value}]"
     return out or "<root>"
+
+
+# One step as `format_path` spells it: `name` first, `.name` after, `["key"]` (a key holds
+# no `"`: the contract grammar's strings cannot), `[index]`.
+_PATH_STEP = re.compile(
+    r'(?P<dot>\.)?(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\["(?P<key>[^"]*)"\]|\[(?P<index>[0-9]+)\]'
+)
+
+
+def parse_path(text: str) -> tuple[Step, ...]:
+    """The steps of a dotted path, the inverse of `format_path`: generated code spells
+    sites as `"flow.decoder.att_cache_buffer"`, `'stream_cache["estimator_att_cache"]'`
+    or `"[1]"`. Anything else is a ValueError (nothing is evaluated)."""
+    steps: list[Step] = []
+    pos = 0
+    while pos < len(text):
+        m = _PATH_STEP.match(text, pos)
+        if m is None or (m["attr"] is not None and bool(m["dot"]) != bool(steps)):
+            raise ValueError(f"not a site path: {text!r} (at character {pos})")
+        if m["attr"] is not None:
+            steps.append(("attr", m["attr"]))
+        elif m["key"] is not None:
+            steps.append(("key", m["key"]))
+        else:
+            steps.append(("index", int(m["index"])))
+        pos = m.end()
+    if not steps:
+        raise ValueError("not a site path: an empty path")
+    return tuple(steps)
 
 
 def update_at(container: Any, steps: tuple[Step, ...], fn) -> bool:

@@ -10,12 +10,11 @@ import torch
 
 from duplexcadence.runtime import (
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ContractDecl,
     Counter,
     Effect,
-    RegionDecl,
-    RegionSpec,
+    RegionTable,
     Ring,
     TensorSpec,
 )
@@ -31,147 +30,106 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # decoder_convtr_tail: 0.02 MiB
-    "decoder_convtr_tail": RegionDecl(
-        RegionSpec(
-            "decoder_convtr_tail",
-            torch.float32,
-            (1, 512, 8),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="declared",
-    ),
-    # delay_cache: 0.00 MiB
-    "delay_cache": RegionDecl(
-        RegionSpec(
-            "delay_cache",
-            torch.int64,
-            (1, 17, 3),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="declared",
-    ),
-    # depformer_kv: 0.19 MiB; attended [8]
-    "depformer_kv": RegionDecl(
-        RegionSpec(
-            "depformer_kv",
-            torch.bfloat16,
-            (6, 2, 1, 16, 8, 64),
-            axis=4,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="declared",
-        retention=Ring(capacity=8),
-    ),
-    # downsample_first: 0.00 MiB
-    "downsample_first": RegionDecl(
-        RegionSpec(
-            "downsample_first",
-            torch.bool,
-            (1,),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "mimi"),
-            ("attr", "downsample"),
-            ("attr", "conv"),
-            ("attr", "_streaming_state"),
-            ("attr", "first"),
-        ),  # mimi.downsample.conv._streaming_state.first
-    ),
-    # lm_kv: 1500.00 MiB; attended [3000]
-    "lm_kv": RegionDecl(
-        RegionSpec(
-            "lm_kv",
-            torch.bfloat16,
-            (32, 2, 1, 32, 3000, 128),
-            axis=4,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="declared",
-        retention=Ring(capacity=3000),
-    ),
-    # lm_offsets: 0.00 MiB
-    "lm_offsets": RegionDecl(
-        RegionSpec(
-            "lm_offsets",
-            torch.int64,
-            (1,),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "lm_gen"),
-            ("attr", "_streaming_state"),
-            ("attr", "offsets"),
-        ),  # lm_gen._streaming_state.offsets
-    ),
-    # mimi_decoder_kv: 7.81 MiB; attended [250]
-    "mimi_decoder_kv": RegionDecl(
-        RegionSpec(
-            "mimi_decoder_kv",
-            torch.float32,
-            (8, 2, 1, 8, 250, 64),
-            axis=4,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="declared",
-        retention=Ring(capacity=250),
-    ),
-    # mimi_encoder_kv: 7.81 MiB; attended [250]
-    "mimi_encoder_kv": RegionDecl(
-        RegionSpec(
-            "mimi_encoder_kv",
-            torch.float32,
-            (8, 2, 1, 8, 250, 64),
-            axis=4,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="declared",
-        retention=Ring(capacity=250),
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={"mutability": "mutable"},
+    rows={
+        # decoder_convtr_tail: 0.02 MiB
+        "decoder_convtr_tail": {
+            "dtype": torch.float32,
+            "shape": (1, 512, 8),
+            "lifetime": "session",
+            "install": "declared",
+        },
+        # delay_cache: 0.00 MiB
+        "delay_cache": {
+            "dtype": torch.int64,
+            "shape": (1, 17, 3),
+            "lifetime": "session",
+            "install": "declared",
+        },
+        # depformer_kv: 0.19 MiB; attended [8]
+        "depformer_kv": {
+            "dtype": torch.bfloat16,
+            "shape": (6, 2, 1, 16, 8, 64),
+            "axis": 4,
+            "lifetime": "operator",
+            "install": "declared",
+            "retention": Ring(capacity=8),
+        },
+        # downsample_first: 0.00 MiB
+        "downsample_first": {
+            "dtype": torch.bool,
+            "shape": (1,),
+            "lifetime": "session",
+            "install": "pinned",
+            "site": "mimi.downsample.conv._streaming_state.first",
+        },
+        # lm_kv: 1500.00 MiB; attended [3000]
+        "lm_kv": {
+            "dtype": torch.bfloat16,
+            "shape": (32, 2, 1, 32, 3000, 128),
+            "axis": 4,
+            "lifetime": "session",
+            "install": "declared",
+            "retention": Ring(capacity=3000),
+        },
+        # lm_offsets: 0.00 MiB
+        "lm_offsets": {
+            "dtype": torch.int64,
+            "shape": (1,),
+            "lifetime": "session",
+            "install": "pinned",
+            "site": "lm_gen._streaming_state.offsets",
+        },
+        # mimi_decoder_kv: 7.81 MiB; attended [250]
+        "mimi_decoder_kv": {
+            "dtype": torch.float32,
+            "shape": (8, 2, 1, 8, 250, 64),
+            "axis": 4,
+            "lifetime": "session",
+            "install": "declared",
+            "retention": Ring(capacity=250),
+        },
+        # mimi_encoder_kv: 7.81 MiB; attended [250]
+        "mimi_encoder_kv": {
+            "dtype": torch.float32,
+            "shape": (8, 2, 1, 8, 250, 64),
+            "axis": 4,
+            "lifetime": "session",
+            "install": "declared",
+            "retention": Ring(capacity=250),
+        },
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # lm_step: width 1 (bound |Q|*prod K*|A| = 1)
-    "lm_step": (
-        CaptureClass(
-            name="-",
-            args=(TensorSpec((1, 8, 1), torch.int64),),
-            kwargs={},
-        ),
+    "lm_step": CatalogDecl(
+        args=(TensorSpec((1, 8, 1), torch.int64),),
+        # class name (every leaf is shared)
+        rows={
+            "-": (),
+        },
     ),
     # mimi_decode: width 1 (bound |Q|*prod K*|A| = 1)
-    "mimi_decode": (
-        CaptureClass(
-            name="-",
-            args=(TensorSpec((1, 8, 1), torch.int64, stride=(9, 1, 1), offset=1),),
-            kwargs={},
-        ),
+    "mimi_decode": CatalogDecl(
+        args=(TensorSpec((1, 8, 1), torch.int64, stride=(9, 1, 1), offset=1),),
+        # class name (every leaf is shared)
+        rows={
+            "-": (),
+        },
     ),
     # mimi_encode: width 1 (bound |Q|*prod K*|A| = 1)
-    "mimi_encode": (
-        CaptureClass(
-            name="-",
-            args=(TensorSpec((1, 1, 1920), torch.float32),),
-            kwargs={},
-        ),
+    "mimi_encode": CatalogDecl(
+        args=(TensorSpec((1, 1, 1920), torch.float32),),
+        # class name (every leaf is shared)
+        rows={
+            "-": (),
+        },
     ),
 }
 
@@ -180,28 +138,22 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "lm_step",
-        site=(("attr", "lm_gen"), ("attr", "step")),  # lm_gen.step, once per frame
+        site="lm_gen.step",  # once per frame
         classes=CATALOG["lm_step"],
         effect=Effect.NONE,
         writes=("lm_offsets",),
         pins=("lm_offsets",),
-        counters=(
-            Counter(
-                (("attr", "lm_gen"), ("attr", "_streaming_state"), ("attr", "offset_cpu")),
-                advances=1,
-                start=1,
-            ),  # lm_gen._streaming_state.offset_cpu
-        ),
+        counters=(Counter("lm_gen._streaming_state.offset_cpu", advances=1, start=1),),
     ),
     CallableDecl(
         "mimi_decode",
-        site=(("attr", "mimi"), ("attr", "decode")),  # mimi.decode, once per frame
+        site="mimi.decode",  # once per frame
         classes=CATALOG["mimi_decode"],
         effect=Effect.NONE,
     ),
     CallableDecl(
         "mimi_encode",
-        site=(("attr", "mimi"), ("attr", "encode")),  # mimi.encode, once per frame
+        site="mimi.encode",  # once per frame
         classes=CATALOG["mimi_encode"],
         effect=Effect.NONE,
         writes=("downsample_first",),

@@ -10,11 +10,11 @@ import torch
 
 from duplexcadence.runtime import (
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ContractDecl,
     Effect,
-    RegionDecl,
-    RegionSpec,
+    OneOf,
+    RegionTable,
     TensorSpec,
     Window,
 )
@@ -30,47 +30,44 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # code_window: 0.01 MiB (stock 0.03 MiB, rho 4.2); attended [25, 50]
-    "code_window": RegionDecl(
-        RegionSpec(
-            "code_window",
-            torch.int64,
-            (1, 16, 50),
-            axis=2,
-            lifetime="turn",
-            mutability="immutable",
-        ),
-        install="declared",
-        retention=Window(width=50),
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={},
+    rows={
+        # code_window: 0.01 MiB (stock 0.03 MiB, rho 4.2); attended [25, 50]
+        "code_window": {
+            "dtype": torch.int64,
+            "shape": (1, 16, 50),
+            "axis": 2,
+            "lifetime": "turn",
+            "mutability": "immutable",
+            "install": "declared",
+            "retention": Window(width=50),
+        },
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # decode: width 4 (bound |Q|*prod K*|A| = 4)
-    "decode": (
-        CaptureClass(
-            name="frames=25,skip=0",
-            args=(TensorSpec((1, 16, 25), torch.int64, stride=(3360, 210, 1), offset=0),),
-            kwargs={},
+    "decode": CatalogDecl(
+        args=(
+            OneOf(
+                TensorSpec((1, 16, 25), torch.int64, stride=(3360, 210, 1), offset=0),
+                TensorSpec((1, 16, 35), torch.int64, stride=(3360, 210, 1), offset=175),
+                TensorSpec((1, 16, 50), torch.int64, stride=(3360, 210, 1), offset=0),
+                TensorSpec((1, 16, 50), torch.int64, stride=(3360, 210, 1), offset=25),
+            ),
         ),
-        CaptureClass(
-            name="frames=35,skip=175",
-            args=(TensorSpec((1, 16, 35), torch.int64, stride=(3360, 210, 1), offset=175),),
-            kwargs={},
-        ),
-        CaptureClass(
-            name="frames=50,skip=0",
-            args=(TensorSpec((1, 16, 50), torch.int64, stride=(3360, 210, 1), offset=0),),
-            kwargs={},
-        ),
-        CaptureClass(
-            name="frames=50,skip=25",
-            args=(TensorSpec((1, 16, 50), torch.int64, stride=(3360, 210, 1), offset=25),),
-            kwargs={},
-        ),
+        # class name: the index picked in each OneOf (codes)
+        rows={
+            "frames=25,skip=0": (0,),
+            "frames=35,skip=175": (1,),
+            "frames=50,skip=0": (2,),
+            "frames=50,skip=25": (3,),
+        },
     ),
 }
 
@@ -79,7 +76,7 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "decode",
-        site=(("attr", "code2wav"), ("attr", "forward")),  # code2wav.forward, once per chunk
+        site="code2wav.forward",  # once per chunk
         classes=CATALOG["decode"],
         effect=Effect.NONE,
     ),

@@ -12,13 +12,13 @@ from duplexcadence.runtime import (
     Aliased,
     Autocast,
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ConstantDecl,
     ContractDecl,
     Effect,
     HeadTail,
-    RegionDecl,
-    RegionSpec,
+    OneOf,
+    RegionTable,
     RegionView,
     Retains,
     TensorSpec,
@@ -35,261 +35,117 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # conformer_carry: 15.70 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
-    "conformer_carry": RegionDecl(
-        RegionSpec(
-            "conformer_carry",
-            torch.float32,
-            (10, 1, 8, 402, 128),
-            axis=3,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="carry",
-        retention=HeadTail(head=302, tail=100),
-        site=(
-            ("attr", "stream_cache"),
-            ("key", "conformer_att_cache"),
-        ),  # stream_cache["conformer_att_cache"]
-    ),
-    # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-    "dit_cnn": RegionDecl(
-        RegionSpec(
-            "dit_cnn",
-            torch.float32,
-            (16, 2, 1024, 2),
-            axis=None,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.estimator.cnn_cache_buffer
-    ),
-    # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
-    "dit_workspace": RegionDecl(
-        RegionSpec(
-            "dit_workspace",
-            torch.float32,
-            (16, 2, 8, 458, 128),
-            axis=3,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "att_cache_buffer"),
-        ),  # flow.decoder.estimator.att_cache_buffer
-    ),
-    # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
-    "estimator_carry": RegionDecl(
-        RegionSpec(
-            "estimator_carry",
-            torch.float32,
-            (10, 16, 2, 8, 402, 128),
-            axis=4,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="carry",
-        retention=HeadTail(head=302, tail=100),
-        site=(
-            ("attr", "stream_cache"),
-            ("key", "estimator_att_cache"),
-        ),  # stream_cache["estimator_att_cache"]
-    ),
-    # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
-    "estimator_cnn": RegionDecl(
-        RegionSpec(
-            "estimator_cnn",
-            torch.float32,
-            (10, 16, 2, 1024, 2),
-            axis=None,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.cnn_cache_buffer
-    ),
-    # hift_mel_cache: 0.00 MiB
-    "hift_mel_cache": RegionDecl(
-        RegionSpec(
-            "hift_mel_cache",
-            torch.float32,
-            (1, 80, 8),
-            axis=None,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="declared",
-    ),
-    # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
-    "solver_workspace": RegionDecl(
-        RegionSpec(
-            "solver_workspace",
-            torch.float32,
-            (10, 16, 2, 8, 458, 128),
-            axis=4,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "att_cache_buffer"),
-        ),  # flow.decoder.att_cache_buffer
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={"dtype": torch.float32, "mutability": "mutable"},
+    rows={
+        # conformer_carry: 15.70 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
+        "conformer_carry": {
+            "shape": (10, 1, 8, 402, 128),
+            "axis": 3,
+            "lifetime": "turn",
+            "install": "carry",
+            "retention": HeadTail(head=302, tail=100),
+            "site": 'stream_cache["conformer_att_cache"]',
+        },
+        # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
+        "dit_cnn": {
+            "shape": (16, 2, 1024, 2),
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "flow.decoder.estimator.cnn_cache_buffer",
+        },
+        # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
+        "dit_workspace": {
+            "shape": (16, 2, 8, 458, 128),
+            "axis": 3,
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "flow.decoder.estimator.att_cache_buffer",
+        },
+        # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
+        "estimator_carry": {
+            "shape": (10, 16, 2, 8, 402, 128),
+            "axis": 4,
+            "lifetime": "turn",
+            "install": "carry",
+            "retention": HeadTail(head=302, tail=100),
+            "site": 'stream_cache["estimator_att_cache"]',
+        },
+        # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
+        "estimator_cnn": {
+            "shape": (10, 16, 2, 1024, 2),
+            "lifetime": "turn",
+            "install": "allocate",
+            "site": "flow.decoder.cnn_cache_buffer",
+        },
+        # hift_mel_cache: 0.00 MiB
+        "hift_mel_cache": {"shape": (1, 80, 8), "lifetime": "turn", "install": "declared"},
+        # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
+        "solver_workspace": {
+            "shape": (10, 16, 2, 8, 458, 128),
+            "axis": 4,
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "flow.decoder.att_cache_buffer",
+        },
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # flow_chunk: width 12 (bound |Q|*prod K*|A| = 36)
-    "flow_chunk": (
-        CaptureClass(
-            name="conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=False",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": RegionView("conformer_carry", 302),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": RegionView("estimator_carry", 302),
-                },
-                "last_chunk": False,
-                "n_timesteps": 10,
+    "flow_chunk": CatalogDecl(
+        kwargs={
+            "token": TensorSpec((1, 28), torch.int32),
+            "spk": TensorSpec((1, 192), torch.float32),
+            "cache": {
+                "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
+                "conformer_att_cache": OneOf(
+                    RegionView("conformer_carry", 302),
+                    RegionView("conformer_carry", 352),
+                    RegionView("conformer_carry", 402),
+                ),
+                "estimator_cnn_cache": RegionView("estimator_cnn"),
+                "estimator_att_cache": OneOf(
+                    RegionView("estimator_carry", 302),
+                    RegionView("estimator_carry", 352),
+                    RegionView("estimator_carry", 402),
+                ),
             },
-        ),
-        CaptureClass(
-            name="conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=True",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": RegionView("conformer_carry", 302),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": RegionView("estimator_carry", 302),
-                },
-                "last_chunk": True,
-                "n_timesteps": 10,
-            },
-        ),
-        CaptureClass(
-            name="conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=False",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": RegionView("conformer_carry", 352),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": RegionView("estimator_carry", 352),
-                },
-                "last_chunk": False,
-                "n_timesteps": 10,
-            },
-        ),
-        CaptureClass(
-            name="conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=True",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": RegionView("conformer_carry", 352),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": RegionView("estimator_carry", 352),
-                },
-                "last_chunk": True,
-                "n_timesteps": 10,
-            },
-        ),
-        CaptureClass(
-            name="conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=False",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": RegionView("conformer_carry", 402),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": RegionView("estimator_carry", 402),
-                },
-                "last_chunk": False,
-                "n_timesteps": 10,
-            },
-        ),
-        CaptureClass(
-            name="conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=True",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": RegionView("conformer_carry", 402),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": RegionView("estimator_carry", 402),
-                },
-                "last_chunk": True,
-                "n_timesteps": 10,
-            },
-        ),
+            "last_chunk": OneOf(False, True),
+            "n_timesteps": 10,
+        },
+        # class name: the index picked in each OneOf (cache["conformer_att_cache"], cache["estimator_att_cache"], last_chunk)
+        rows={
+            "conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=False": (0, 0, 0),
+            "conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=True": (0, 0, 1),
+            "conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=False": (1, 1, 0),
+            "conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=True": (1, 1, 1),
+            "conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=False": (2, 2, 0),
+            "conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=True": (2, 2, 1),
+        },
     ),
     # vocoder: width 4 (bound |Q|*prod K*|A| = 4)
-    "vocoder": (
-        CaptureClass(
-            name="mel_frames=50,source_len=0",
-            args=(
+    "vocoder": CatalogDecl(
+        args=(
+            OneOf(
                 TensorSpec((1, 80, 50), torch.float32),
-                TensorSpec((1, 1, 0), torch.float32),
-            ),
-            kwargs={},
-        ),
-        CaptureClass(
-            name="mel_frames=56,source_len=0",
-            args=(
                 TensorSpec((1, 80, 56), torch.float32),
-                TensorSpec((1, 1, 0), torch.float32),
-            ),
-            kwargs={},
-        ),
-        CaptureClass(
-            name="mel_frames=58,source_len=3840",
-            args=(
                 TensorSpec((1, 80, 58), torch.float32),
-                TensorSpec((1, 1, 3840), torch.float32),
-            ),
-            kwargs={},
-        ),
-        CaptureClass(
-            name="mel_frames=64,source_len=3840",
-            args=(
                 TensorSpec((1, 80, 64), torch.float32),
-                TensorSpec((1, 1, 3840), torch.float32),
             ),
-            kwargs={},
+            OneOf(TensorSpec((1, 1, 0), torch.float32), TensorSpec((1, 1, 3840), torch.float32)),
         ),
+        # class name: the index picked in each OneOf (speech_feat, cache_source)
+        rows={
+            "mel_frames=50,source_len=0": (0, 0),
+            "mel_frames=56,source_len=0": (1, 0),
+            "mel_frames=58,source_len=3840": (2, 1),
+            "mel_frames=64,source_len=3840": (3, 1),
+        },
     ),
 }
 
@@ -298,54 +154,24 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "flow_chunk",
-        site=(
-            ("attr", "flow"),
-            ("attr", "inference_chunk"),
-        ),  # flow.inference_chunk, once per chunk
+        site="flow.inference_chunk",  # once per chunk
         classes=CATALOG["flow_chunk"],
         effect=Effect.NONE,
-        ambient=(
-            Autocast(torch.float32),
-            Autocast(torch.float16),
-        ),
+        ambient=(Autocast(torch.float32), Autocast(torch.float16)),
         aliased=(
-            Aliased(
-                "conformer_carry",
-                "kwargs",
-                (("key", "cache"), ("key", "conformer_att_cache")),
-                "carry",
-            ),  # kwargs['cache']['conformer_att_cache']
-            Aliased(
-                "estimator_cnn",
-                "kwargs",
-                (("key", "cache"), ("key", "estimator_cnn_cache")),
-                "prefix",
-            ),  # kwargs['cache']['estimator_cnn_cache']
-            Aliased(
-                "estimator_carry",
-                "kwargs",
-                (("key", "cache"), ("key", "estimator_att_cache")),
-                "carry",
-            ),  # kwargs['cache']['estimator_att_cache']
+            Aliased("conformer_carry", "kwargs", '["cache"]["conformer_att_cache"]', "carry"),
+            Aliased("estimator_cnn", "kwargs", '["cache"]["estimator_cnn_cache"]', "prefix"),
+            Aliased("estimator_carry", "kwargs", '["cache"]["estimator_att_cache"]', "carry"),
         ),
         retains=(
-            Retains(
-                "estimator_carry", (("index", 1), ("key", "estimator_att_cache"))
-            ),  # result[1]["estimator_att_cache"]
-            Retains(
-                "conformer_carry", (("index", 1), ("key", "conformer_att_cache"))
-            ),  # result[1]["conformer_att_cache"]
+            Retains("estimator_carry", '[1]["estimator_att_cache"]'),
+            Retains("conformer_carry", '[1]["conformer_att_cache"]'),
         ),
-        writes=(
-            "solver_workspace",
-            "dit_workspace",
-            "dit_cnn",
-            "estimator_cnn",
-        ),
+        writes=("solver_workspace", "dit_workspace", "dit_cnn", "estimator_cnn"),
     ),
     CallableDecl(
         "vocoder",
-        site=(("attr", "hift"), ("attr", "forward")),  # hift.forward, once per chunk
+        site="hift.forward",  # once per chunk
         classes=CATALOG["vocoder"],
         effect=Effect.DEVICE_RNG,
     ),
@@ -353,20 +179,10 @@ CALLABLES = (
 
 # Host-rebuilt constants: device buffers, or served from device buffers at capture.
 CONSTANTS = (
-    ConstantDecl("istft_nola_check", "hoisted", site=(("attr", "hift"),)),  # hift
-    ConstantDecl(
-        "sine_harmonics",
-        "hoisted",
-        site=(("attr", "hift"), ("attr", "m_source"), ("attr", "l_sin_gen")),
-    ),  # hift.m_source.l_sin_gen
-    ConstantDecl(
-        "stft_window", "device_buffer", site=(("attr", "hift"), ("attr", "stft_window"))
-    ),  # hift.stft_window
-    ConstantDecl(
-        "timestep_freqs",
-        "hoisted",
-        site=(("attr", "flow"), ("attr", "decoder"), ("attr", "estimator"), ("attr", "t_embedder")),
-    ),  # flow.decoder.estimator.t_embedder
+    ConstantDecl("istft_nola_check", "hoisted", site="hift"),
+    ConstantDecl("sine_harmonics", "hoisted", site="hift.m_source.l_sin_gen"),
+    ConstantDecl("stft_window", "device_buffer", site="hift.stft_window"),
+    ConstantDecl("timestep_freqs", "hoisted", site="flow.decoder.estimator.t_embedder"),
 )
 
 DECLARED = ContractDecl(CONTRACT, TARGET, SOURCE_SHA256, DETERMINISM, REGIONS, CALLABLES, CONSTANTS)

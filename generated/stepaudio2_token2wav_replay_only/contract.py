@@ -12,12 +12,12 @@ from duplexcadence.runtime import (
     Aliased,
     Autocast,
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ConstantDecl,
     ContractDecl,
     Effect,
-    RegionDecl,
-    RegionSpec,
+    OneOf,
+    RegionTable,
     RegionView,
     TensorSpec,
 )
@@ -33,183 +33,105 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-    "dit_cnn": RegionDecl(
-        RegionSpec(
-            "dit_cnn",
-            torch.float32,
-            (16, 2, 1024, 2),
-            axis=None,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.estimator.cnn_cache_buffer
-    ),
-    # dit_workspace: 125.00 MiB (stock 125.00 MiB, rho 1.0)
-    "dit_workspace": RegionDecl(
-        RegionSpec(
-            "dit_workspace",
-            torch.float32,
-            (16, 2, 8, 1000, 128),
-            axis=3,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="stock",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "att_cache_buffer"),
-        ),  # flow.decoder.estimator.att_cache_buffer
-    ),
-    # estimator_cnn: 4.00 MiB (stock 4.00 MiB, rho 1.0)
-    "estimator_cnn": RegionDecl(
-        RegionSpec(
-            "estimator_cnn",
-            torch.float32,
-            (16, 16, 2, 1024, 2),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="stock",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.cnn_cache_buffer
-    ),
-    # solver_workspace: 2000.00 MiB (stock 2000.00 MiB, rho 1.0)
-    "solver_workspace": RegionDecl(
-        RegionSpec(
-            "solver_workspace",
-            torch.float32,
-            (16, 16, 2, 8, 1000, 128),
-            axis=4,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="stock",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "att_cache_buffer"),
-        ),  # flow.decoder.att_cache_buffer
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={"dtype": torch.float32, "mutability": "mutable"},
+    rows={
+        # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
+        "dit_cnn": {
+            "shape": (16, 2, 1024, 2),
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "flow.decoder.estimator.cnn_cache_buffer",
+        },
+        # dit_workspace: 125.00 MiB (stock 125.00 MiB, rho 1.0)
+        "dit_workspace": {
+            "shape": (16, 2, 8, 1000, 128),
+            "axis": 3,
+            "lifetime": "session",
+            "install": "stock",
+            "site": "flow.decoder.estimator.att_cache_buffer",
+        },
+        # estimator_cnn: 4.00 MiB (stock 4.00 MiB, rho 1.0)
+        "estimator_cnn": {
+            "shape": (16, 16, 2, 1024, 2),
+            "lifetime": "session",
+            "install": "stock",
+            "site": "flow.decoder.cnn_cache_buffer",
+        },
+        # solver_workspace: 2000.00 MiB (stock 2000.00 MiB, rho 1.0)
+        "solver_workspace": {
+            "shape": (16, 16, 2, 8, 1000, 128),
+            "axis": 4,
+            "lifetime": "session",
+            "install": "stock",
+            "site": "flow.decoder.att_cache_buffer",
+        },
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # flow_chunk: width 4 (bound |Q|*prod K*|A| = 8)
-    "flow_chunk": (
-        CaptureClass(
-            name="n_timesteps=10,t_att=402,row=402,last_chunk=False,frames=50",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": TensorSpec((10, 1, 8, 402, 128), torch.float32),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": TensorSpec(
+    "flow_chunk": CatalogDecl(
+        kwargs={
+            "token": TensorSpec((1, 28), torch.int32),
+            "spk": TensorSpec((1, 192), torch.float32),
+            "cache": {
+                "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
+                "conformer_att_cache": OneOf(
+                    TensorSpec((10, 1, 8, 402, 128), torch.float32),
+                    TensorSpec((10, 1, 8, 302, 128), torch.float32),
+                    TensorSpec((10, 1, 8, 352, 128), torch.float32),
+                ),
+                "estimator_cnn_cache": RegionView("estimator_cnn"),
+                "estimator_att_cache": OneOf(
+                    TensorSpec(
                         (16, 16, 2, 8, 402, 128),
                         torch.float32,
                         stride=(13172736, 823296, 411648, 51456, 128, 1),
                     ),
-                },
-                "last_chunk": False,
-                "n_timesteps": 10,
-            },
-        ),
-        CaptureClass(
-            name="n_timesteps=10,t_att=302,row=1000,last_chunk=False,frames=50",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": TensorSpec((10, 1, 8, 302, 128), torch.float32),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": TensorSpec(
+                    TensorSpec(
                         (16, 16, 2, 8, 302, 128),
                         torch.float32,
                         stride=(32768000, 2048000, 1024000, 128000, 128, 1),
                     ),
-                },
-                "last_chunk": False,
-                "n_timesteps": 10,
-            },
-        ),
-        CaptureClass(
-            name="n_timesteps=10,t_att=352,row=1000,last_chunk=False,frames=50",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": TensorSpec((10, 1, 8, 352, 128), torch.float32),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": TensorSpec(
+                    TensorSpec(
                         (16, 16, 2, 8, 352, 128),
                         torch.float32,
                         stride=(32768000, 2048000, 1024000, 128000, 128, 1),
                     ),
-                },
-                "last_chunk": False,
-                "n_timesteps": 10,
-            },
-        ),
-        CaptureClass(
-            name="n_timesteps=10,t_att=402,row=1000,last_chunk=False,frames=50",
-            args=(),
-            kwargs={
-                "token": TensorSpec((1, 28), torch.int32),
-                "spk": TensorSpec((1, 192), torch.float32),
-                "cache": {
-                    "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                    "conformer_att_cache": TensorSpec((10, 1, 8, 402, 128), torch.float32),
-                    "estimator_cnn_cache": RegionView("estimator_cnn", None),
-                    "estimator_att_cache": TensorSpec(
+                    TensorSpec(
                         (16, 16, 2, 8, 402, 128),
                         torch.float32,
                         stride=(32768000, 2048000, 1024000, 128000, 128, 1),
                     ),
-                },
-                "last_chunk": False,
-                "n_timesteps": 10,
+                ),
             },
-        ),
+            "last_chunk": False,
+            "n_timesteps": 10,
+        },
+        # class name: the index picked in each OneOf (cache["conformer_att_cache"], cache["estimator_att_cache"])
+        rows={
+            "n_timesteps=10,t_att=402,row=402,last_chunk=False,frames=50": (0, 0),
+            "n_timesteps=10,t_att=302,row=1000,last_chunk=False,frames=50": (1, 1),
+            "n_timesteps=10,t_att=352,row=1000,last_chunk=False,frames=50": (2, 2),
+            "n_timesteps=10,t_att=402,row=1000,last_chunk=False,frames=50": (0, 3),
+        },
     ),
     # vocoder: width 2 (bound |Q|*prod K*|A| = 3)
-    "vocoder": (
-        CaptureClass(
-            name="mel_frames=50,source_len=0",
-            args=(
-                TensorSpec((1, 80, 50), torch.float32),
-                TensorSpec((1, 1, 0), torch.float32),
-            ),
-            kwargs={},
+    "vocoder": CatalogDecl(
+        args=(
+            OneOf(TensorSpec((1, 80, 50), torch.float32), TensorSpec((1, 80, 58), torch.float32)),
+            OneOf(TensorSpec((1, 1, 0), torch.float32), TensorSpec((1, 1, 3840), torch.float32)),
         ),
-        CaptureClass(
-            name="mel_frames=58,source_len=3840",
-            args=(
-                TensorSpec((1, 80, 58), torch.float32),
-                TensorSpec((1, 1, 3840), torch.float32),
-            ),
-            kwargs={},
-        ),
+        # class name: the index picked in each OneOf (speech_feat, cache_source)
+        rows={
+            "mel_frames=50,source_len=0": (0, 0),
+            "mel_frames=58,source_len=3840": (1, 1),
+        },
     ),
 }
 
@@ -218,41 +140,22 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "flow_chunk",
-        site=(
-            ("attr", "flow"),
-            ("attr", "inference_chunk"),
-        ),  # flow.inference_chunk, once per chunk
+        site="flow.inference_chunk",  # once per chunk
         classes=CATALOG["flow_chunk"],
         effect=Effect.NONE,
         ambient=(Autocast(torch.float32),),
-        aliased=(
-            Aliased(
-                "estimator_cnn",
-                "kwargs",
-                (("key", "cache"), ("key", "estimator_cnn_cache")),
-                "prefix",
-            ),  # kwargs['cache']['estimator_cnn_cache']
-        ),
-        writes=(
-            "solver_workspace",
-            "dit_workspace",
-            "dit_cnn",
-            "estimator_cnn",
-        ),
+        aliased=(Aliased("estimator_cnn", "kwargs", '["cache"]["estimator_cnn_cache"]', "prefix"),),
+        writes=("solver_workspace", "dit_workspace", "dit_cnn", "estimator_cnn"),
     ),
     CallableDecl(
         "vocoder",
-        site=(("attr", "hift"), ("attr", "forward")),  # hift.forward, once per chunk
+        site="hift.forward",  # once per chunk
         classes=CATALOG["vocoder"],
         effect=Effect.DEVICE_RNG,
     ),
 )
 
 # Host-rebuilt constants: device buffers, or served from device buffers at capture.
-CONSTANTS = (
-    ConstantDecl(
-        "stft_window", "device_buffer", site=(("attr", "hift"), ("attr", "stft_window"))
-    ),  # hift.stft_window
-)
+CONSTANTS = (ConstantDecl("stft_window", "device_buffer", site="hift.stft_window"),)
 
 DECLARED = ContractDecl(CONTRACT, TARGET, SOURCE_SHA256, DETERMINISM, REGIONS, CALLABLES, CONSTANTS)

@@ -12,13 +12,13 @@ from duplexcadence.runtime import (
     Aliased,
     Autocast,
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ConstantDecl,
     ContractDecl,
     Effect,
     HeadTail,
-    RegionDecl,
-    RegionSpec,
+    OneOf,
+    RegionTable,
     RegionView,
     Retains,
     TensorSpec,
@@ -35,508 +35,151 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # conformer_carry: 15.70 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
-    "conformer_carry": RegionDecl(
-        RegionSpec(
-            "conformer_carry",
-            torch.float32,
-            (10, 1, 8, 402, 128),
-            axis=3,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="carry",
-        retention=HeadTail(head=302, tail=100),
-        site=(
-            ("attr", "stream_cache"),
-            ("key", "conformer_att_cache"),
-        ),  # stream_cache["conformer_att_cache"]
-    ),
-    # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-    "dit_cnn": RegionDecl(
-        RegionSpec(
-            "dit_cnn",
-            torch.float32,
-            (16, 2, 1024, 2),
-            axis=None,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.estimator.cnn_cache_buffer
-    ),
-    # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
-    "dit_workspace": RegionDecl(
-        RegionSpec(
-            "dit_workspace",
-            torch.float32,
-            (16, 2, 8, 458, 128),
-            axis=3,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "att_cache_buffer"),
-        ),  # flow.decoder.estimator.att_cache_buffer
-    ),
-    # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
-    "estimator_carry": RegionDecl(
-        RegionSpec(
-            "estimator_carry",
-            torch.float32,
-            (10, 16, 2, 8, 402, 128),
-            axis=4,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="carry",
-        retention=HeadTail(head=302, tail=100),
-        site=(
-            ("attr", "stream_cache"),
-            ("key", "estimator_att_cache"),
-        ),  # stream_cache["estimator_att_cache"]
-    ),
-    # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
-    "estimator_cnn": RegionDecl(
-        RegionSpec(
-            "estimator_cnn",
-            torch.float32,
-            (10, 16, 2, 1024, 2),
-            axis=None,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.cnn_cache_buffer
-    ),
-    # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
-    "solver_workspace": RegionDecl(
-        RegionSpec(
-            "solver_workspace",
-            torch.float32,
-            (10, 16, 2, 8, 458, 128),
-            axis=4,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "att_cache_buffer"),
-        ),  # flow.decoder.att_cache_buffer
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={"dtype": torch.float32, "mutability": "mutable"},
+    rows={
+        # conformer_carry: 15.70 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
+        "conformer_carry": {
+            "shape": (10, 1, 8, 402, 128),
+            "axis": 3,
+            "lifetime": "turn",
+            "install": "carry",
+            "retention": HeadTail(head=302, tail=100),
+            "site": 'stream_cache["conformer_att_cache"]',
+        },
+        # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
+        "dit_cnn": {
+            "shape": (16, 2, 1024, 2),
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "flow.decoder.estimator.cnn_cache_buffer",
+        },
+        # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
+        "dit_workspace": {
+            "shape": (16, 2, 8, 458, 128),
+            "axis": 3,
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "flow.decoder.estimator.att_cache_buffer",
+        },
+        # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
+        "estimator_carry": {
+            "shape": (10, 16, 2, 8, 402, 128),
+            "axis": 4,
+            "lifetime": "turn",
+            "install": "carry",
+            "retention": HeadTail(head=302, tail=100),
+            "site": 'stream_cache["estimator_att_cache"]',
+        },
+        # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
+        "estimator_cnn": {
+            "shape": (10, 16, 2, 1024, 2),
+            "lifetime": "turn",
+            "install": "allocate",
+            "site": "flow.decoder.cnn_cache_buffer",
+        },
+        # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
+        "solver_workspace": {
+            "shape": (10, 16, 2, 8, 458, 128),
+            "axis": 4,
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "flow.decoder.att_cache_buffer",
+        },
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # estimator_step: width 30 (bound |Q|*prod K*|A| = 60)
-    "estimator_step": (
-        CaptureClass(
-            name="estimator_carry=302,i=0,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=0),
-                "att_cache": RegionView("estimator_carry", extent=302, index=0),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=1,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=1),
-                "att_cache": RegionView("estimator_carry", extent=302, index=1),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=2,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=2),
-                "att_cache": RegionView("estimator_carry", extent=302, index=2),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=3,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=3),
-                "att_cache": RegionView("estimator_carry", extent=302, index=3),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=4,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=4),
-                "att_cache": RegionView("estimator_carry", extent=302, index=4),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=5,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=5),
-                "att_cache": RegionView("estimator_carry", extent=302, index=5),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=6,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=6),
-                "att_cache": RegionView("estimator_carry", extent=302, index=6),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=7,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=7),
-                "att_cache": RegionView("estimator_carry", extent=302, index=7),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=8,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=8),
-                "att_cache": RegionView("estimator_carry", extent=302, index=8),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=302,i=9,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=9),
-                "att_cache": RegionView("estimator_carry", extent=302, index=9),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=0,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=0),
-                "att_cache": RegionView("estimator_carry", extent=352, index=0),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=1,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=1),
-                "att_cache": RegionView("estimator_carry", extent=352, index=1),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=2,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=2),
-                "att_cache": RegionView("estimator_carry", extent=352, index=2),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=3,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=3),
-                "att_cache": RegionView("estimator_carry", extent=352, index=3),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=4,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=4),
-                "att_cache": RegionView("estimator_carry", extent=352, index=4),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=5,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=5),
-                "att_cache": RegionView("estimator_carry", extent=352, index=5),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=6,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=6),
-                "att_cache": RegionView("estimator_carry", extent=352, index=6),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=7,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=7),
-                "att_cache": RegionView("estimator_carry", extent=352, index=7),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=8,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=8),
-                "att_cache": RegionView("estimator_carry", extent=352, index=8),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=352,i=9,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=9),
-                "att_cache": RegionView("estimator_carry", extent=352, index=9),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=0,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=0),
-                "att_cache": RegionView("estimator_carry", extent=402, index=0),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=1,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=1),
-                "att_cache": RegionView("estimator_carry", extent=402, index=1),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=2,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=2),
-                "att_cache": RegionView("estimator_carry", extent=402, index=2),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=3,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=3),
-                "att_cache": RegionView("estimator_carry", extent=402, index=3),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=4,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=4),
-                "att_cache": RegionView("estimator_carry", extent=402, index=4),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=5,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=5),
-                "att_cache": RegionView("estimator_carry", extent=402, index=5),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=6,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=6),
-                "att_cache": RegionView("estimator_carry", extent=402, index=6),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=7,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=7),
-                "att_cache": RegionView("estimator_carry", extent=402, index=7),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=8,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=8),
-                "att_cache": RegionView("estimator_carry", extent=402, index=8),
-            },
-        ),
-        CaptureClass(
-            name="estimator_carry=402,i=9,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=9),
-                "att_cache": RegionView("estimator_carry", extent=402, index=9),
-            },
-        ),
+    "estimator_step": CatalogDecl(
+        kwargs={
+            "x": TensorSpec((2, 80, 50), torch.float32),
+            "mu": TensorSpec((2, 80, 50), torch.float32),
+            "t": TensorSpec((2,), torch.float32),
+            "spks": TensorSpec((2, 80), torch.float32),
+            "cond": TensorSpec((2, 80, 50), torch.float32),
+            "cnn_cache": OneOf(
+                RegionView("estimator_cnn", index=0),
+                RegionView("estimator_cnn", index=1),
+                RegionView("estimator_cnn", index=2),
+                RegionView("estimator_cnn", index=3),
+                RegionView("estimator_cnn", index=4),
+                RegionView("estimator_cnn", index=5),
+                RegionView("estimator_cnn", index=6),
+                RegionView("estimator_cnn", index=7),
+                RegionView("estimator_cnn", index=8),
+                RegionView("estimator_cnn", index=9),
+            ),
+            "att_cache": OneOf(
+                RegionView("estimator_carry", 302, index=0),
+                RegionView("estimator_carry", 302, index=1),
+                RegionView("estimator_carry", 302, index=2),
+                RegionView("estimator_carry", 302, index=3),
+                RegionView("estimator_carry", 302, index=4),
+                RegionView("estimator_carry", 302, index=5),
+                RegionView("estimator_carry", 302, index=6),
+                RegionView("estimator_carry", 302, index=7),
+                RegionView("estimator_carry", 302, index=8),
+                RegionView("estimator_carry", 302, index=9),
+                RegionView("estimator_carry", 352, index=0),
+                RegionView("estimator_carry", 352, index=1),
+                RegionView("estimator_carry", 352, index=2),
+                RegionView("estimator_carry", 352, index=3),
+                RegionView("estimator_carry", 352, index=4),
+                RegionView("estimator_carry", 352, index=5),
+                RegionView("estimator_carry", 352, index=6),
+                RegionView("estimator_carry", 352, index=7),
+                RegionView("estimator_carry", 352, index=8),
+                RegionView("estimator_carry", 352, index=9),
+                RegionView("estimator_carry", 402, index=0),
+                RegionView("estimator_carry", 402, index=1),
+                RegionView("estimator_carry", 402, index=2),
+                RegionView("estimator_carry", 402, index=3),
+                RegionView("estimator_carry", 402, index=4),
+                RegionView("estimator_carry", 402, index=5),
+                RegionView("estimator_carry", 402, index=6),
+                RegionView("estimator_carry", 402, index=7),
+                RegionView("estimator_carry", 402, index=8),
+                RegionView("estimator_carry", 402, index=9),
+            ),
+        },
+        # class name: the index picked in each OneOf (cnn_cache, att_cache)
+        rows={
+            "estimator_carry=302,i=0,frames=50": (0, 0),
+            "estimator_carry=302,i=1,frames=50": (1, 1),
+            "estimator_carry=302,i=2,frames=50": (2, 2),
+            "estimator_carry=302,i=3,frames=50": (3, 3),
+            "estimator_carry=302,i=4,frames=50": (4, 4),
+            "estimator_carry=302,i=5,frames=50": (5, 5),
+            "estimator_carry=302,i=6,frames=50": (6, 6),
+            "estimator_carry=302,i=7,frames=50": (7, 7),
+            "estimator_carry=302,i=8,frames=50": (8, 8),
+            "estimator_carry=302,i=9,frames=50": (9, 9),
+            "estimator_carry=352,i=0,frames=50": (0, 10),
+            "estimator_carry=352,i=1,frames=50": (1, 11),
+            "estimator_carry=352,i=2,frames=50": (2, 12),
+            "estimator_carry=352,i=3,frames=50": (3, 13),
+            "estimator_carry=352,i=4,frames=50": (4, 14),
+            "estimator_carry=352,i=5,frames=50": (5, 15),
+            "estimator_carry=352,i=6,frames=50": (6, 16),
+            "estimator_carry=352,i=7,frames=50": (7, 17),
+            "estimator_carry=352,i=8,frames=50": (8, 18),
+            "estimator_carry=352,i=9,frames=50": (9, 19),
+            "estimator_carry=402,i=0,frames=50": (0, 20),
+            "estimator_carry=402,i=1,frames=50": (1, 21),
+            "estimator_carry=402,i=2,frames=50": (2, 22),
+            "estimator_carry=402,i=3,frames=50": (3, 23),
+            "estimator_carry=402,i=4,frames=50": (4, 24),
+            "estimator_carry=402,i=5,frames=50": (5, 25),
+            "estimator_carry=402,i=6,frames=50": (6, 26),
+            "estimator_carry=402,i=7,frames=50": (7, 27),
+            "estimator_carry=402,i=8,frames=50": (8, 28),
+            "estimator_carry=402,i=9,frames=50": (9, 29),
+        },
     ),
     # flow_chunk: left eager: declared `mode eager`
     "flow_chunk": (),
@@ -547,81 +190,37 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "estimator_step",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "forward_chunk"),
-        ),  # flow.decoder.estimator.forward_chunk, once per step
+        site="flow.decoder.estimator.forward_chunk",  # once per step
         classes=CATALOG["estimator_step"],
         effect=Effect.NONE,
         ambient=(Autocast(torch.float32),),
         aliased=(
-            Aliased(
-                "estimator_cnn", "kwargs", (("key", "cnn_cache"),), "slot"
-            ),  # kwargs['cnn_cache']
-            Aliased(
-                "estimator_carry", "kwargs", (("key", "att_cache"),), "slot"
-            ),  # kwargs['att_cache']
+            Aliased("estimator_cnn", "kwargs", '["cnn_cache"]', "slot"),
+            Aliased("estimator_carry", "kwargs", '["att_cache"]', "slot"),
         ),
-        writes=(
-            "dit_workspace",
-            "dit_cnn",
-        ),
+        writes=("dit_workspace", "dit_cnn"),
     ),
     CallableDecl(
         "flow_chunk",
-        site=(
-            ("attr", "flow"),
-            ("attr", "inference_chunk"),
-        ),  # flow.inference_chunk, once per chunk
+        site="flow.inference_chunk",  # once per chunk
         classes=CATALOG["flow_chunk"],
         replay=False,
         eager_reason="declared `mode eager`",
         effect=Effect.NONE,
         aliased=(
-            Aliased(
-                "conformer_carry",
-                "kwargs",
-                (("key", "cache"), ("key", "conformer_att_cache")),
-                "carry",
-            ),  # kwargs['cache']['conformer_att_cache']
-            Aliased(
-                "estimator_cnn",
-                "kwargs",
-                (("key", "cache"), ("key", "estimator_cnn_cache")),
-                "prefix",
-            ),  # kwargs['cache']['estimator_cnn_cache']
-            Aliased(
-                "estimator_carry",
-                "kwargs",
-                (("key", "cache"), ("key", "estimator_att_cache")),
-                "carry",
-            ),  # kwargs['cache']['estimator_att_cache']
+            Aliased("conformer_carry", "kwargs", '["cache"]["conformer_att_cache"]', "carry"),
+            Aliased("estimator_cnn", "kwargs", '["cache"]["estimator_cnn_cache"]', "prefix"),
+            Aliased("estimator_carry", "kwargs", '["cache"]["estimator_att_cache"]', "carry"),
         ),
         retains=(
-            Retains(
-                "estimator_carry", (("index", 1), ("key", "estimator_att_cache"))
-            ),  # result[1]["estimator_att_cache"]
-            Retains(
-                "conformer_carry", (("index", 1), ("key", "conformer_att_cache"))
-            ),  # result[1]["conformer_att_cache"]
+            Retains("estimator_carry", '[1]["estimator_att_cache"]'),
+            Retains("conformer_carry", '[1]["conformer_att_cache"]'),
         ),
-        writes=(
-            "solver_workspace",
-            "dit_workspace",
-            "estimator_cnn",
-        ),
+        writes=("solver_workspace", "dit_workspace", "estimator_cnn"),
     ),
 )
 
 # Host-rebuilt constants: device buffers, or served from device buffers at capture.
-CONSTANTS = (
-    ConstantDecl(
-        "timestep_freqs",
-        "hoisted",
-        site=(("attr", "flow"), ("attr", "decoder"), ("attr", "estimator"), ("attr", "t_embedder")),
-    ),  # flow.decoder.estimator.t_embedder
-)
+CONSTANTS = (ConstantDecl("timestep_freqs", "hoisted", site="flow.decoder.estimator.t_embedder"),)
 
 DECLARED = ContractDecl(CONTRACT, TARGET, SOURCE_SHA256, DETERMINISM, REGIONS, CALLABLES, CONSTANTS)

@@ -12,12 +12,12 @@ from duplexcadence.runtime import (
     Aliased,
     Autocast,
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ConstantDecl,
     ContractDecl,
     Effect,
-    RegionDecl,
-    RegionSpec,
+    OneOf,
+    RegionTable,
     RegionView,
     TensorSpec,
 )
@@ -33,667 +33,110 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-    "dit_cnn": RegionDecl(
-        RegionSpec(
-            "dit_cnn",
-            torch.float32,
-            (16, 2, 1024, 2),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="stock",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.estimator.cnn_cache_buffer
-    ),
-    # dit_workspace: 125.00 MiB (stock 125.00 MiB, rho 1.0)
-    "dit_workspace": RegionDecl(
-        RegionSpec(
-            "dit_workspace",
-            torch.float32,
-            (16, 2, 8, 1000, 128),
-            axis=3,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="stock",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "att_cache_buffer"),
-        ),  # flow.decoder.estimator.att_cache_buffer
-    ),
-    # estimator_cnn: 4.00 MiB (stock 4.00 MiB, rho 1.0)
-    "estimator_cnn": RegionDecl(
-        RegionSpec(
-            "estimator_cnn",
-            torch.float32,
-            (16, 16, 2, 1024, 2),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="stock",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "cnn_cache_buffer"),
-        ),  # flow.decoder.cnn_cache_buffer
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={
+        "dtype": torch.float32,
+        "lifetime": "session",
+        "mutability": "mutable",
+        "install": "stock",
+    },
+    rows={
+        # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
+        "dit_cnn": {"shape": (16, 2, 1024, 2), "site": "flow.decoder.estimator.cnn_cache_buffer"},
+        # dit_workspace: 125.00 MiB (stock 125.00 MiB, rho 1.0)
+        "dit_workspace": {
+            "shape": (16, 2, 8, 1000, 128),
+            "axis": 3,
+            "site": "flow.decoder.estimator.att_cache_buffer",
+        },
+        # estimator_cnn: 4.00 MiB (stock 4.00 MiB, rho 1.0)
+        "estimator_cnn": {"shape": (16, 16, 2, 1024, 2), "site": "flow.decoder.cnn_cache_buffer"},
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # estimator_step: width 40 (bound |Q|*prod K*|A| = 80)
-    "estimator_step": (
-        CaptureClass(
-            name="i=0,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=0),
-                "att_cache": TensorSpec(
+    "estimator_step": CatalogDecl(
+        kwargs={
+            "x": TensorSpec((2, 80, 50), torch.float32),
+            "mu": TensorSpec((2, 80, 50), torch.float32),
+            "t": TensorSpec((2,), torch.float32),
+            "spks": TensorSpec((2, 80), torch.float32),
+            "cond": TensorSpec((2, 80, 50), torch.float32),
+            "cnn_cache": OneOf(
+                RegionView("estimator_cnn", index=0),
+                RegionView("estimator_cnn", index=1),
+                RegionView("estimator_cnn", index=2),
+                RegionView("estimator_cnn", index=3),
+                RegionView("estimator_cnn", index=4),
+                RegionView("estimator_cnn", index=5),
+                RegionView("estimator_cnn", index=6),
+                RegionView("estimator_cnn", index=7),
+                RegionView("estimator_cnn", index=8),
+                RegionView("estimator_cnn", index=9),
+            ),
+            "att_cache": OneOf(
+                TensorSpec(
                     (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
                 ),
-            },
-        ),
-        CaptureClass(
-            name="i=0,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=0),
-                "att_cache": TensorSpec(
+                TensorSpec(
                     (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
                 ),
-            },
-        ),
-        CaptureClass(
-            name="i=0,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=0),
-                "att_cache": TensorSpec(
+                TensorSpec(
                     (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
                 ),
-            },
-        ),
-        CaptureClass(
-            name="i=0,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=0),
-                "att_cache": TensorSpec(
+                TensorSpec(
                     (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
                 ),
-            },
-        ),
-        CaptureClass(
-            name="i=1,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=1),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=1,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=1),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=1,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=1),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=1,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=1),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=2,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=2),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=2,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=2),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=2,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=2),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=2,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=2),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=3,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=3),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=3,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=3),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=3,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=3),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=3,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=3),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=4,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=4),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=4,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=4),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=4,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=4),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=4,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=4),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=5,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=5),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=5,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=5),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=5,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=5),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=5,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=5),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=6,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=6),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=6,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=6),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=6,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=6),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=6,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=6),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=7,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=7),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=7,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=7),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=7,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=7),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=7,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=7),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=8,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=8),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=8,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=8),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=8,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=8),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=8,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=8),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=9,t_att=402,row=402,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=9),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(823296, 411648, 51456, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=9,t_att=302,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=9),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 302, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=9,t_att=352,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=9),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 352, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
-        CaptureClass(
-            name="i=9,t_att=402,row=1000,frames=50",
-            args=(),
-            kwargs={
-                "x": TensorSpec((2, 80, 50), torch.float32),
-                "mu": TensorSpec((2, 80, 50), torch.float32),
-                "t": TensorSpec((2,), torch.float32),
-                "spks": TensorSpec((2, 80), torch.float32),
-                "cond": TensorSpec((2, 80, 50), torch.float32),
-                "cnn_cache": RegionView("estimator_cnn", index=9),
-                "att_cache": TensorSpec(
-                    (16, 2, 8, 402, 128), torch.float32, stride=(2048000, 1024000, 128000, 128, 1)
-                ),
-            },
-        ),
+            ),
+        },
+        # class name: the index picked in each OneOf (cnn_cache, att_cache)
+        rows={
+            "i=0,t_att=402,row=402,frames=50": (0, 0),
+            "i=0,t_att=302,row=1000,frames=50": (0, 1),
+            "i=0,t_att=352,row=1000,frames=50": (0, 2),
+            "i=0,t_att=402,row=1000,frames=50": (0, 3),
+            "i=1,t_att=402,row=402,frames=50": (1, 0),
+            "i=1,t_att=302,row=1000,frames=50": (1, 1),
+            "i=1,t_att=352,row=1000,frames=50": (1, 2),
+            "i=1,t_att=402,row=1000,frames=50": (1, 3),
+            "i=2,t_att=402,row=402,frames=50": (2, 0),
+            "i=2,t_att=302,row=1000,frames=50": (2, 1),
+            "i=2,t_att=352,row=1000,frames=50": (2, 2),
+            "i=2,t_att=402,row=1000,frames=50": (2, 3),
+            "i=3,t_att=402,row=402,frames=50": (3, 0),
+            "i=3,t_att=302,row=1000,frames=50": (3, 1),
+            "i=3,t_att=352,row=1000,frames=50": (3, 2),
+            "i=3,t_att=402,row=1000,frames=50": (3, 3),
+            "i=4,t_att=402,row=402,frames=50": (4, 0),
+            "i=4,t_att=302,row=1000,frames=50": (4, 1),
+            "i=4,t_att=352,row=1000,frames=50": (4, 2),
+            "i=4,t_att=402,row=1000,frames=50": (4, 3),
+            "i=5,t_att=402,row=402,frames=50": (5, 0),
+            "i=5,t_att=302,row=1000,frames=50": (5, 1),
+            "i=5,t_att=352,row=1000,frames=50": (5, 2),
+            "i=5,t_att=402,row=1000,frames=50": (5, 3),
+            "i=6,t_att=402,row=402,frames=50": (6, 0),
+            "i=6,t_att=302,row=1000,frames=50": (6, 1),
+            "i=6,t_att=352,row=1000,frames=50": (6, 2),
+            "i=6,t_att=402,row=1000,frames=50": (6, 3),
+            "i=7,t_att=402,row=402,frames=50": (7, 0),
+            "i=7,t_att=302,row=1000,frames=50": (7, 1),
+            "i=7,t_att=352,row=1000,frames=50": (7, 2),
+            "i=7,t_att=402,row=1000,frames=50": (7, 3),
+            "i=8,t_att=402,row=402,frames=50": (8, 0),
+            "i=8,t_att=302,row=1000,frames=50": (8, 1),
+            "i=8,t_att=352,row=1000,frames=50": (8, 2),
+            "i=8,t_att=402,row=1000,frames=50": (8, 3),
+            "i=9,t_att=402,row=402,frames=50": (9, 0),
+            "i=9,t_att=302,row=1000,frames=50": (9, 1),
+            "i=9,t_att=352,row=1000,frames=50": (9, 2),
+            "i=9,t_att=402,row=1000,frames=50": (9, 3),
+        },
     ),
 }
 
@@ -702,34 +145,16 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "estimator_step",
-        site=(
-            ("attr", "flow"),
-            ("attr", "decoder"),
-            ("attr", "estimator"),
-            ("attr", "forward_chunk"),
-        ),  # flow.decoder.estimator.forward_chunk, once per step
+        site="flow.decoder.estimator.forward_chunk",  # once per step
         classes=CATALOG["estimator_step"],
         effect=Effect.NONE,
         ambient=(Autocast(torch.float32),),
-        aliased=(
-            Aliased(
-                "estimator_cnn", "kwargs", (("key", "cnn_cache"),), "slot"
-            ),  # kwargs['cnn_cache']
-        ),
-        writes=(
-            "dit_workspace",
-            "dit_cnn",
-        ),
+        aliased=(Aliased("estimator_cnn", "kwargs", '["cnn_cache"]', "slot"),),
+        writes=("dit_workspace", "dit_cnn"),
     ),
 )
 
 # Host-rebuilt constants: device buffers, or served from device buffers at capture.
-CONSTANTS = (
-    ConstantDecl(
-        "timestep_freqs",
-        "hoisted",
-        site=(("attr", "flow"), ("attr", "decoder"), ("attr", "estimator"), ("attr", "t_embedder")),
-    ),  # flow.decoder.estimator.t_embedder
-)
+CONSTANTS = (ConstantDecl("timestep_freqs", "hoisted", site="flow.decoder.estimator.t_embedder"),)
 
 DECLARED = ContractDecl(CONTRACT, TARGET, SOURCE_SHA256, DETERMINISM, REGIONS, CALLABLES, CONSTANTS)

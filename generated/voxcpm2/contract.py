@@ -10,12 +10,11 @@ import torch
 
 from duplexcadence.runtime import (
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ConstantDecl,
     ContractDecl,
     Effect,
-    RegionDecl,
-    RegionSpec,
+    RegionTable,
     TensorSpec,
 )
 
@@ -30,429 +29,81 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # in_pad: 0.00 MiB (stock 0.00 MiB, rho 1.667)
-    "in_pad": RegionDecl(
-        RegionSpec(
-            "in_pad",
-            torch.float32,
-            (1, 64, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(("attr", "conv_states"), ("key", "model.0")),  # conv_states["model.0"]
-    ),
-    # out_pad: 0.00 MiB (stock 0.94 MiB, rho 1280.0)
-    "out_pad": RegionDecl(
-        RegionSpec(
-            "out_pad",
-            torch.float32,
-            (1, 32, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(("attr", "conv_states"), ("key", "model.9")),  # conv_states["model.9"]
-    ),
-    # up1_ctx: 0.01 MiB (stock 0.03 MiB, rho 4.0)
-    "up1_ctx": RegionDecl(
-        RegionSpec(
-            "up1_ctx",
-            torch.float32,
-            (1, 2048, 1),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.2.block.1"),
-        ),  # conv_states["model.2.block.1"]
-    ),
-    # up1_res1: 0.02 MiB (stock 0.12 MiB, rho 5.333)
-    "up1_res1": RegionDecl(
-        RegionSpec(
-            "up1_res1",
-            torch.float32,
-            (1, 1024, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.2.block.2.block.1"),
-        ),  # conv_states["model.2.block.2.block.1"]
-    ),
-    # up1_res3: 0.07 MiB (stock 0.12 MiB, rho 1.778)
-    "up1_res3": RegionDecl(
-        RegionSpec(
-            "up1_res3",
-            torch.float32,
-            (1, 1024, 18),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.2.block.3.block.1"),
-        ),  # conv_states["model.2.block.3.block.1"]
-    ),
-    # up1_res9: 0.21 MiB (stock 0.34 MiB, rho 1.593)
-    "up1_res9": RegionDecl(
-        RegionSpec(
-            "up1_res9",
-            torch.float32,
-            (1, 1024, 54),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.2.block.4.block.1"),
-        ),  # conv_states["model.2.block.4.block.1"]
-    ),
-    # up2_ctx: 0.00 MiB (stock 0.12 MiB, rho 32.0)
-    "up2_ctx": RegionDecl(
-        RegionSpec(
-            "up2_ctx",
-            torch.float32,
-            (1, 1024, 1),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.3.block.1"),
-        ),  # conv_states["model.3.block.1"]
-    ),
-    # up2_res1: 0.01 MiB (stock 0.38 MiB, rho 32.0)
-    "up2_res1": RegionDecl(
-        RegionSpec(
-            "up2_res1",
-            torch.float32,
-            (1, 512, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.3.block.2.block.1"),
-        ),  # conv_states["model.3.block.2.block.1"]
-    ),
-    # up2_res3: 0.04 MiB (stock 0.38 MiB, rho 10.667)
-    "up2_res3": RegionDecl(
-        RegionSpec(
-            "up2_res3",
-            torch.float32,
-            (1, 512, 18),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.3.block.3.block.1"),
-        ),  # conv_states["model.3.block.3.block.1"]
-    ),
-    # up2_res9: 0.11 MiB (stock 0.38 MiB, rho 3.556)
-    "up2_res9": RegionDecl(
-        RegionSpec(
-            "up2_res9",
-            torch.float32,
-            (1, 512, 54),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.3.block.4.block.1"),
-        ),  # conv_states["model.3.block.4.block.1"]
-    ),
-    # up3_ctx: 0.00 MiB (stock 0.38 MiB, rho 192.0)
-    "up3_ctx": RegionDecl(
-        RegionSpec(
-            "up3_ctx",
-            torch.float32,
-            (1, 512, 1),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.4.block.1"),
-        ),  # conv_states["model.4.block.1"]
-    ),
-    # up3_res1: 0.01 MiB (stock 0.94 MiB, rho 160.0)
-    "up3_res1": RegionDecl(
-        RegionSpec(
-            "up3_res1",
-            torch.float32,
-            (1, 256, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.4.block.2.block.1"),
-        ),  # conv_states["model.4.block.2.block.1"]
-    ),
-    # up3_res3: 0.02 MiB (stock 0.94 MiB, rho 53.333)
-    "up3_res3": RegionDecl(
-        RegionSpec(
-            "up3_res3",
-            torch.float32,
-            (1, 256, 18),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.4.block.3.block.1"),
-        ),  # conv_states["model.4.block.3.block.1"]
-    ),
-    # up3_res9: 0.05 MiB (stock 0.94 MiB, rho 17.778)
-    "up3_res9": RegionDecl(
-        RegionSpec(
-            "up3_res9",
-            torch.float32,
-            (1, 256, 54),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.4.block.4.block.1"),
-        ),  # conv_states["model.4.block.4.block.1"]
-    ),
-    # up4_ctx: 0.00 MiB (stock 0.94 MiB, rho 960.0)
-    "up4_ctx": RegionDecl(
-        RegionSpec(
-            "up4_ctx",
-            torch.float32,
-            (1, 256, 1),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.5.block.1"),
-        ),  # conv_states["model.5.block.1"]
-    ),
-    # up4_res1: 0.00 MiB (stock 0.94 MiB, rho 320.0)
-    "up4_res1": RegionDecl(
-        RegionSpec(
-            "up4_res1",
-            torch.float32,
-            (1, 128, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.5.block.2.block.1"),
-        ),  # conv_states["model.5.block.2.block.1"]
-    ),
-    # up4_res3: 0.01 MiB (stock 0.94 MiB, rho 106.667)
-    "up4_res3": RegionDecl(
-        RegionSpec(
-            "up4_res3",
-            torch.float32,
-            (1, 128, 18),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.5.block.3.block.1"),
-        ),  # conv_states["model.5.block.3.block.1"]
-    ),
-    # up4_res9: 0.03 MiB (stock 0.94 MiB, rho 35.556)
-    "up4_res9": RegionDecl(
-        RegionSpec(
-            "up4_res9",
-            torch.float32,
-            (1, 128, 54),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.5.block.4.block.1"),
-        ),  # conv_states["model.5.block.4.block.1"]
-    ),
-    # up5_ctx: 0.00 MiB (stock 0.94 MiB, rho 1920.0)
-    "up5_ctx": RegionDecl(
-        RegionSpec(
-            "up5_ctx",
-            torch.float32,
-            (1, 128, 1),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.6.block.1"),
-        ),  # conv_states["model.6.block.1"]
-    ),
-    # up5_res1: 0.00 MiB (stock 0.94 MiB, rho 640.0)
-    "up5_res1": RegionDecl(
-        RegionSpec(
-            "up5_res1",
-            torch.float32,
-            (1, 64, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.6.block.2.block.1"),
-        ),  # conv_states["model.6.block.2.block.1"]
-    ),
-    # up5_res3: 0.00 MiB (stock 0.94 MiB, rho 213.333)
-    "up5_res3": RegionDecl(
-        RegionSpec(
-            "up5_res3",
-            torch.float32,
-            (1, 64, 18),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.6.block.3.block.1"),
-        ),  # conv_states["model.6.block.3.block.1"]
-    ),
-    # up5_res9: 0.01 MiB (stock 0.94 MiB, rho 71.111)
-    "up5_res9": RegionDecl(
-        RegionSpec(
-            "up5_res9",
-            torch.float32,
-            (1, 64, 54),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.6.block.4.block.1"),
-        ),  # conv_states["model.6.block.4.block.1"]
-    ),
-    # up6_ctx: 0.00 MiB (stock 0.94 MiB, rho 3840.0)
-    "up6_ctx": RegionDecl(
-        RegionSpec(
-            "up6_ctx",
-            torch.float32,
-            (1, 64, 1),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.7.block.1"),
-        ),  # conv_states["model.7.block.1"]
-    ),
-    # up6_res1: 0.00 MiB (stock 0.94 MiB, rho 1280.0)
-    "up6_res1": RegionDecl(
-        RegionSpec(
-            "up6_res1",
-            torch.float32,
-            (1, 32, 6),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.7.block.2.block.1"),
-        ),  # conv_states["model.7.block.2.block.1"]
-    ),
-    # up6_res3: 0.00 MiB (stock 0.94 MiB, rho 426.667)
-    "up6_res3": RegionDecl(
-        RegionSpec(
-            "up6_res3",
-            torch.float32,
-            (1, 32, 18),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.7.block.3.block.1"),
-        ),  # conv_states["model.7.block.3.block.1"]
-    ),
-    # up6_res9: 0.01 MiB (stock 0.94 MiB, rho 142.222)
-    "up6_res9": RegionDecl(
-        RegionSpec(
-            "up6_res9",
-            torch.float32,
-            (1, 32, 54),
-            axis=None,
-            lifetime="session",
-            mutability="mutable",
-        ),
-        install="pinned",
-        site=(
-            ("attr", "conv_states"),
-            ("key", "model.7.block.4.block.1"),
-        ),  # conv_states["model.7.block.4.block.1"]
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={
+        "dtype": torch.float32,
+        "lifetime": "session",
+        "mutability": "mutable",
+        "install": "pinned",
+    },
+    rows={
+        # in_pad: 0.00 MiB (stock 0.00 MiB, rho 1.667)
+        "in_pad": {"shape": (1, 64, 6), "site": 'conv_states["model.0"]'},
+        # out_pad: 0.00 MiB (stock 0.94 MiB, rho 1280.0)
+        "out_pad": {"shape": (1, 32, 6), "site": 'conv_states["model.9"]'},
+        # up1_ctx: 0.01 MiB (stock 0.03 MiB, rho 4.0)
+        "up1_ctx": {"shape": (1, 2048, 1), "site": 'conv_states["model.2.block.1"]'},
+        # up1_res1: 0.02 MiB (stock 0.12 MiB, rho 5.333)
+        "up1_res1": {"shape": (1, 1024, 6), "site": 'conv_states["model.2.block.2.block.1"]'},
+        # up1_res3: 0.07 MiB (stock 0.12 MiB, rho 1.778)
+        "up1_res3": {"shape": (1, 1024, 18), "site": 'conv_states["model.2.block.3.block.1"]'},
+        # up1_res9: 0.21 MiB (stock 0.34 MiB, rho 1.593)
+        "up1_res9": {"shape": (1, 1024, 54), "site": 'conv_states["model.2.block.4.block.1"]'},
+        # up2_ctx: 0.00 MiB (stock 0.12 MiB, rho 32.0)
+        "up2_ctx": {"shape": (1, 1024, 1), "site": 'conv_states["model.3.block.1"]'},
+        # up2_res1: 0.01 MiB (stock 0.38 MiB, rho 32.0)
+        "up2_res1": {"shape": (1, 512, 6), "site": 'conv_states["model.3.block.2.block.1"]'},
+        # up2_res3: 0.04 MiB (stock 0.38 MiB, rho 10.667)
+        "up2_res3": {"shape": (1, 512, 18), "site": 'conv_states["model.3.block.3.block.1"]'},
+        # up2_res9: 0.11 MiB (stock 0.38 MiB, rho 3.556)
+        "up2_res9": {"shape": (1, 512, 54), "site": 'conv_states["model.3.block.4.block.1"]'},
+        # up3_ctx: 0.00 MiB (stock 0.38 MiB, rho 192.0)
+        "up3_ctx": {"shape": (1, 512, 1), "site": 'conv_states["model.4.block.1"]'},
+        # up3_res1: 0.01 MiB (stock 0.94 MiB, rho 160.0)
+        "up3_res1": {"shape": (1, 256, 6), "site": 'conv_states["model.4.block.2.block.1"]'},
+        # up3_res3: 0.02 MiB (stock 0.94 MiB, rho 53.333)
+        "up3_res3": {"shape": (1, 256, 18), "site": 'conv_states["model.4.block.3.block.1"]'},
+        # up3_res9: 0.05 MiB (stock 0.94 MiB, rho 17.778)
+        "up3_res9": {"shape": (1, 256, 54), "site": 'conv_states["model.4.block.4.block.1"]'},
+        # up4_ctx: 0.00 MiB (stock 0.94 MiB, rho 960.0)
+        "up4_ctx": {"shape": (1, 256, 1), "site": 'conv_states["model.5.block.1"]'},
+        # up4_res1: 0.00 MiB (stock 0.94 MiB, rho 320.0)
+        "up4_res1": {"shape": (1, 128, 6), "site": 'conv_states["model.5.block.2.block.1"]'},
+        # up4_res3: 0.01 MiB (stock 0.94 MiB, rho 106.667)
+        "up4_res3": {"shape": (1, 128, 18), "site": 'conv_states["model.5.block.3.block.1"]'},
+        # up4_res9: 0.03 MiB (stock 0.94 MiB, rho 35.556)
+        "up4_res9": {"shape": (1, 128, 54), "site": 'conv_states["model.5.block.4.block.1"]'},
+        # up5_ctx: 0.00 MiB (stock 0.94 MiB, rho 1920.0)
+        "up5_ctx": {"shape": (1, 128, 1), "site": 'conv_states["model.6.block.1"]'},
+        # up5_res1: 0.00 MiB (stock 0.94 MiB, rho 640.0)
+        "up5_res1": {"shape": (1, 64, 6), "site": 'conv_states["model.6.block.2.block.1"]'},
+        # up5_res3: 0.00 MiB (stock 0.94 MiB, rho 213.333)
+        "up5_res3": {"shape": (1, 64, 18), "site": 'conv_states["model.6.block.3.block.1"]'},
+        # up5_res9: 0.01 MiB (stock 0.94 MiB, rho 71.111)
+        "up5_res9": {"shape": (1, 64, 54), "site": 'conv_states["model.6.block.4.block.1"]'},
+        # up6_ctx: 0.00 MiB (stock 0.94 MiB, rho 3840.0)
+        "up6_ctx": {"shape": (1, 64, 1), "site": 'conv_states["model.7.block.1"]'},
+        # up6_res1: 0.00 MiB (stock 0.94 MiB, rho 1280.0)
+        "up6_res1": {"shape": (1, 32, 6), "site": 'conv_states["model.7.block.2.block.1"]'},
+        # up6_res3: 0.00 MiB (stock 0.94 MiB, rho 426.667)
+        "up6_res3": {"shape": (1, 32, 18), "site": 'conv_states["model.7.block.3.block.1"]'},
+        # up6_res9: 0.01 MiB (stock 0.94 MiB, rho 142.222)
+        "up6_res9": {"shape": (1, 32, 54), "site": 'conv_states["model.7.block.4.block.1"]'},
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # decode: width 1 (bound |Q|*prod K*|A| = 1)
-    "decode": (
-        CaptureClass(
-            name="-",
-            args=(TensorSpec((1, 64, 4), torch.float32),),
-            kwargs={},
-        ),
+    "decode": CatalogDecl(
+        args=(TensorSpec((1, 64, 4), torch.float32),),
+        # class name (every leaf is shared)
+        rows={
+            "-": (),
+        },
     ),
 }
 
@@ -461,7 +112,7 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "decode",
-        site=(("attr", "vae"), ("attr", "decode")),  # vae.decode, once per chunk
+        site="vae.decode",  # once per chunk
         classes=CATALOG["decode"],
         effect=Effect.NONE,
         writes=(
@@ -524,6 +175,6 @@ CALLABLES = (
 )
 
 # Host-rebuilt constants: device buffers, or served from device buffers at capture.
-CONSTANTS = (ConstantDecl("sr_cond", "hoisted", site=(("attr", "vae"),)),)  # vae
+CONSTANTS = (ConstantDecl("sr_cond", "hoisted", site="vae"),)
 
 DECLARED = ContractDecl(CONTRACT, TARGET, SOURCE_SHA256, DETERMINISM, REGIONS, CALLABLES, CONSTANTS)

@@ -11,13 +11,13 @@ import torch
 from duplexcadence.runtime import (
     Aliased,
     CallableDecl,
-    CaptureClass,
+    CatalogDecl,
     ConstantDecl,
     ContractDecl,
     Effect,
     HeadTail,
-    RegionDecl,
-    RegionSpec,
+    OneOf,
+    RegionTable,
     RegionView,
     Retains,
     TensorSpec,
@@ -33,64 +33,53 @@ DETERMINISM = {
 }
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
-# provides each (carry | allocate | stock | pinned | declared) and where.
-REGIONS = {
-    # kv: 0.00 MiB (stock 0.01 MiB, rho 4.571); attended [6, 10, 14]
-    "kv": RegionDecl(
-        RegionSpec(
-            "kv",
-            torch.float32,
-            (2, 14, 16),
-            axis=1,
-            lifetime="turn",
-            mutability="mutable",
-        ),
-        install="carry",
-        retention=HeadTail(head=6, tail=8),
-        site=(("attr", "state"), ("key", "kv")),  # state["kv"]
-    ),
-    # scratch: 0.00 MiB (stock 0.01 MiB, rho 3.2)
-    "scratch": RegionDecl(
-        RegionSpec(
-            "scratch",
-            torch.float32,
-            (2, 20, 16),
-            axis=1,
-            lifetime="operator",
-            mutability="mutable",
-        ),
-        install="allocate",
-        site=(("attr", "scratch"),),  # scratch
-    ),
-}
+# provides each (carry | allocate | stock | pinned | declared) and where: the fields
+# every region shares, then each region's own.
+REGIONS = RegionTable(
+    common={"dtype": torch.float32, "axis": 1, "mutability": "mutable"},
+    rows={
+        # kv: 0.00 MiB (stock 0.01 MiB, rho 4.571); attended [6, 10, 14]
+        "kv": {
+            "shape": (2, 14, 16),
+            "lifetime": "turn",
+            "install": "carry",
+            "retention": HeadTail(head=6, tail=8),
+            "site": 'state["kv"]',
+        },
+        # scratch: 0.00 MiB (stock 0.01 MiB, rho 3.2)
+        "scratch": {
+            "shape": (2, 20, 16),
+            "lifetime": "operator",
+            "install": "allocate",
+            "site": "scratch",
+        },
+    },
+)
 
-# One capture class per exact signature, in capture order.
+# One capture class per exact signature, in capture order: the arguments every class
+# shares, each leaf that differs as OneOf(its values), then one row per class.
 CATALOG = {
     # noisy: width 1 (bound |Q|*prod K*|A| = 1)
-    "noisy": (
-        CaptureClass(
-            name="-",
-            args=(TensorSpec((1, 4), torch.float32),),
-            kwargs={},
-        ),
+    "noisy": CatalogDecl(
+        args=(TensorSpec((1, 4), torch.float32),),
+        # class name (every leaf is shared)
+        rows={
+            "-": (),
+        },
     ),
     # step: width 3 (bound |Q|*prod K*|A| = 6)
-    "step": (
-        CaptureClass(
-            name="kv=6,final=False,n=4",
-            args=(TensorSpec((1, 4, 16), torch.float32),),
-            kwargs={"cache": RegionView("kv", 6), "final": False},
-        ),
-        CaptureClass(
-            name="kv=10,final=False,n=4",
-            args=(TensorSpec((1, 4, 16), torch.float32),),
-            kwargs={"cache": RegionView("kv", 10), "final": False},
-        ),
-        CaptureClass(
-            name="kv=14,final=False,n=4",
-            args=(TensorSpec((1, 4, 16), torch.float32),),
-            kwargs={"cache": RegionView("kv", 14), "final": False},
-        ),
+    "step": CatalogDecl(
+        args=(TensorSpec((1, 4, 16), torch.float32),),
+        kwargs={
+            "cache": OneOf(RegionView("kv", 6), RegionView("kv", 10), RegionView("kv", 14)),
+            "final": False,
+        },
+        # class name: the index picked in each OneOf (cache)
+        rows={
+            "kv=6,final=False,n=4": (0,),
+            "kv=10,final=False,n=4": (1,),
+            "kv=14,final=False,n=4": (2,),
+        },
     ),
 }
 
@@ -99,22 +88,22 @@ CATALOG = {
 CALLABLES = (
     CallableDecl(
         "noisy",
-        site=(("attr", "noisy"),),  # noisy, once per chunk
+        site="noisy",  # once per chunk
         classes=CATALOG["noisy"],
         effect=Effect.DEVICE_RNG,
     ),
     CallableDecl(
         "step",
-        site=(("attr", "step"),),  # step, once per chunk
+        site="step",  # once per chunk
         classes=CATALOG["step"],
         effect=Effect.NONE,
-        aliased=(Aliased("kv", "kwargs", (("key", "cache"),), "carry"),),  # kwargs['cache']
-        retains=(Retains("kv", (("index", 1),)),),  # result[1]
+        aliased=(Aliased("kv", "kwargs", '["cache"]', "carry"),),
+        retains=(Retains("kv", "[1]"),),
         writes=("scratch",),
     ),
 )
 
 # Host-rebuilt constants: device buffers, or served from device buffers at capture.
-CONSTANTS = (ConstantDecl("table", "device_buffer", site=(("attr", "table"),)),)  # table
+CONSTANTS = (ConstantDecl("table", "device_buffer", site="table"),)
 
 DECLARED = ContractDecl(CONTRACT, TARGET, SOURCE_SHA256, DETERMINISM, REGIONS, CALLABLES, CONSTANTS)
