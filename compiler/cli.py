@@ -14,10 +14,20 @@ import json
 import sys
 from pathlib import Path
 
-from duplexcadence.compiler.driver import Result, compiler_version, read_and_compile
-from duplexcadence.compiler.report import LEGEND, analysis_json, analysis_tables
-from duplexcadence.dsl.codes import CODES, explain
-from duplexcadence.dsl.diagnostics import Diagnostic, render, shown_path
+# The [compile] extra: where only the runtime is installed, `clockc` names the missing
+# package in one line (main(), exit 2) instead of failing on import with a traceback.
+COMPILE_EXTRA = ("jinja2", "lark", "pydantic", "black")
+try:
+    from duplexcadence.compiler.driver import Result, compiler_version, read_and_compile
+    from duplexcadence.compiler.report import LEGEND, analysis_json, analysis_tables
+    from duplexcadence.dsl.codes import CODES, explain
+    from duplexcadence.dsl.diagnostics import Diagnostic, render, shown_path
+except ModuleNotFoundError as exc:
+    if (exc.name or "").split(".")[0] not in COMPILE_EXTRA:
+        raise
+    MISSING_EXTRA: str | None = exc.name.split(".")[0]
+else:
+    MISSING_EXTRA = None
 
 DEFAULT_CONTRACTS = "contracts"
 DEFAULT_OUTPUT = "generated"
@@ -275,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if MISSING_EXTRA is not None:
+        print(
+            f"clockc: the compiler needs {MISSING_EXTRA}, which is not installed: "
+            "pip install 'duplexcadence[compile]'",
+            file=sys.stderr,
+        )
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

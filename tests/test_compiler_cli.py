@@ -189,3 +189,21 @@ def test_check_tables_have_a_legend(capsys, monkeypatch):
     out = capsys.readouterr().out
     for term in ("legend:", "  s ", "  W ", "  K ", "  rho ", "  reserve "):
         assert term in out
+
+
+@pytest.mark.parametrize("package", ["lark", "jinja2", "pydantic", "black"])
+def test_clockc_without_the_compile_extra_says_what_to_install(package):
+    """Only the runtime installed: one line naming the package and the extra, exit 2."""
+    script = (
+        "import sys\n"
+        f"sys.modules[{package!r}] = None  # as if not installed\n"
+        "from duplexcadence.compiler.cli import main\n"
+        "sys.exit(main(['check']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        f"clockc: the compiler needs {package}, which is not installed: "
+        "pip install 'duplexcadence[compile]'"
+    ]
