@@ -9,6 +9,7 @@ Layers, data flowing one way (each imports only the ones above it, and `dsl`):
   validate        IR -> Checked + diagnostics
   extents         attended extents in closed form, joint extents by lifetime
   analysis        Checked -> Analysis (catalogs, memory plan) + diagnostics
+  lowered         the typed template context (frozen dataclasses of plain values)
   lower, emit     Analysis -> template context -> black-formatted files
   report          tables and JSON of an analysis
   driver, cli     reading files, the pipeline, `clockc`

@@ -12,7 +12,7 @@ import functools
 import black
 import jinja2
 
-from duplexcadence.compiler.lower import LoweredContract
+from duplexcadence.compiler.lowered import LoweredContract
 
 TEMPLATES = {
     "__init__.py": "__init__.py.jinja",

@@ -1,0 +1,166 @@
+"""The typed context lowering hands the templates: frozen dataclasses of plain values.
+
+Contract of this layer: nothing here is code. Names and paths are strings, numbers are
+ints, and the templates (templates/_specs.jinja macros) print them with `repr()` or as
+the runtime's constructors; `compiler/lower.py` builds these from the analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar, Union
+
+
+# ---------------------------------------------------------------- catalog leaves
+@dataclass(frozen=True)
+class TensorLeaf:
+    """A staged input: `TensorSpec(shape, torch.<dtype>, stride=..., offset=...)`."""
+
+    kind: ClassVar[str] = "tensor"
+    shape: tuple[int, ...]
+    dtype: str  # the torch attribute: float32, bool, ...
+    stride: tuple[int, ...] | None = None
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class RegionLeaf:
+    """An aliased input: `RegionView(region, extent, index=...)`."""
+
+    kind: ClassVar[str] = "region"
+    region: str
+    extent: int | None  # None: a region without a clock extent, passed whole
+    index: int | None = None  # `region r[i]`: one slot of the leading axis
+
+
+@dataclass(frozen=True)
+class ValueLeaf:
+    """A scalar keyed by value; `code` is its repr (so True and 1 stay apart)."""
+
+    kind: ClassVar[str] = "value"
+    code: str
+
+
+Leaf = Union[TensorLeaf, RegionLeaf, ValueLeaf]
+
+
+@dataclass(frozen=True)
+class OneOfLeaf:
+    """A leaf that differs between a catalog's classes: its distinct values, first use first."""
+
+    kind: ClassVar[str] = "one_of"
+    choices: tuple[Leaf, ...]
+
+
+@dataclass(frozen=True)
+class DictNode:
+    """Args sharing one root (`cache["a"]`, `cache["b"]`) as a dict, keys in declaration order."""
+
+    kind: ClassVar[str] = "dict"
+    items: tuple[tuple[str, "Node"], ...]
+
+
+Node = Union[TensorLeaf, RegionLeaf, ValueLeaf, OneOfLeaf, DictNode]
+
+
+@dataclass(frozen=True)
+class CatalogRow:
+    name: str
+    picks: tuple[int, ...]  # the index chosen in each OneOf, in traversal order
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """`CatalogDecl(args, kwargs, rows=...)`: what every class shares, once, and one row
+    per class (runtime/classes.py expands it)."""
+
+    args: tuple[Node, ...]
+    kwargs: tuple[tuple[str, Node], ...]
+    varying: tuple[str, ...]  # the contract paths of the OneOf leaves, in pick order
+    rows: tuple[CatalogRow, ...]
+
+
+# ---------------------------------------------------------------- declarations
+@dataclass(frozen=True)
+class Aliased:
+    region: str
+    container: str  # "args" | "kwargs"
+    steps: str  # dotted, from the container: `["cache"]["k"]`, `[1]`
+    how: str  # carry | prefix | slot
+
+
+@dataclass(frozen=True)
+class Counter:
+    site: str
+    advances: int
+    start: int
+
+
+@dataclass(frozen=True)
+class Retains:
+    region: str
+    steps: str  # dotted, from the result
+
+
+@dataclass(frozen=True)
+class LoweredCallable:
+    name: str
+    site: str
+    per: str | None
+    replay: bool
+    reason: str
+    width: int
+    bound: int
+    effect: str  # an Effect member
+    ambient: tuple[str | None, ...]  # autocast dtype per captured state; None: off
+    aliased: tuple[Aliased, ...]
+    retains: tuple[Retains, ...]
+    writes: tuple[str, ...]  # write-through regions with a site (pointer-checked)
+    pins: tuple[str, ...]  # pinned regions the stock code rebinds every call
+    counters: tuple[Counter, ...]
+    catalog: Catalog | None  # None when left eager
+
+
+@dataclass(frozen=True)
+class Retention:
+    kind: str  # HeadTail | Window | Ring
+    params: tuple[tuple[str, int], ...]
+
+
+FieldValue = Union[str, int, tuple, Retention]
+
+
+@dataclass(frozen=True)
+class RegionRow:
+    name: str
+    fields: tuple[tuple[str, FieldValue], ...]  # the fields not in RegionTable's common
+    demand_mib: str
+    stock_mib: str | None
+    rho: float
+    attended: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    install: str
+    site: str | None
+
+
+@dataclass(frozen=True)
+class LoweredContract:
+    compiler_version: str
+    contract: str
+    target: str | None
+    source_name: str
+    source_sha256: str
+    imports: tuple[str, ...]  # runtime names contract.py uses, and no other
+    uses_torch: bool
+    determinism: tuple[tuple[str, bool], ...]
+    region_common: tuple[tuple[str, FieldValue], ...]
+    regions: tuple[RegionRow, ...]
+    callables: tuple[LoweredCallable, ...]
+    constants: tuple[Constant, ...]
+
+    def context(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
