@@ -18,10 +18,18 @@ EFFECT = {"none": "Effect.NONE", "device_rng": "Effect.DEVICE_RNG", "host_rng": 
 
 
 def steps_code(path: ir.Path, *, include_root: bool) -> str:
-    steps = [("attr", path.root)] if include_root else []
-    steps += [(s.kind, s.value) for s in path.steps]
-    inner = ", ".join(f"({k!r}, {v!r})" for k, v in steps)
+    steps = [("attr", repr(path.root))] if include_root else []
+    steps += [(s.kind, _value_code(s)) for s in path.steps]
+    inner = ", ".join(f"({k!r}, {v})" for k, v in steps)
     return f"({inner},)" if len(steps) == 1 else f"({inner})"
+
+
+def _value_code(step: ir.PathStep) -> str:
+    """A step's value as a literal; an identity key's module path is a nested step tuple
+    from the model's root (runtime/sites.py resolves it like any site)."""
+    if isinstance(step.value, ir.Path):
+        return steps_code(step.value, include_root=True)
+    return repr(step.value)
 
 
 def access_code(base: str, path: ir.Path) -> str:
@@ -233,6 +241,7 @@ def lower(
                 "address": r.address,
                 "allocated": install != "declared",
                 "adopt_stock": r.allocate == "stock" or r.address == "pinned",
+                "initial": r.initial,
                 "note": r.note,
             }
         )

@@ -75,6 +75,8 @@ def _region(r: ir.Region) -> list[str]:
         out.append(f"  allocate {r.allocate}")
     if r.site:
         out.append(f"  site {path(r.site)}")
+    if r.initial is not None:
+        out.append(f"  initial {r.initial}")
     if r.note is not None:
         out.append(f'  note "{r.note}"')
     return out + ["}"]

@@ -87,6 +87,8 @@ class Lane:
                 if self.owns_sites and r.site is not None and has_site(model, r.site):
                     update_at(model, r.site, carry.adopt)
                 self.regions[r.name] = carry
+            elif r.install == "pinned" and r.initial is not None:
+                self.regions[r.name] = self._pinned_zeros(r)
             elif r.install in ("stock", "pinned"):
                 if not self.owns_sites:
                     raise LaneError(
@@ -99,6 +101,24 @@ class Lane:
                 if self.owns_sites and r.site is not None:
                     b.install_region(r.site, region)
                 self.regions[r.name] = region
+
+    def _pinned_zeros(self, r: Any) -> Region:
+        """A pinned region that starts as zeros (`initial zeros`): allocated compact at
+        its demand shape, holding the stock's state where the site already exists (the
+        stock's view may keep a whole activation alive), and put at the site, creating it
+        where it is absent (what the stock's first call would read: zeros)."""
+        b = self.binding
+        if not self.owns_sites:
+            raise LaneError(
+                f"region {r.name} is pinned at its site: a second lane cannot have its own; "
+                "serve sessions on one lane"
+            )
+        region = Region.allocate(r.spec, b.device)
+        if has_site(b.model, r.site):
+            with torch.no_grad():
+                region.tensor.copy_(get_at(b.model, r.site))
+        set_at(b.model, r.site, region.tensor)
+        return region
 
     def _make_callable(self, k: CallableDecl) -> None:
         if k.counters and not self.owns_sites:
