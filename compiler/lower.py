@@ -137,8 +137,16 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
                 f"{_arg_steps(a, positions.get(id(a), 0))}, {how!r}),"
                 f"  # {access_code(container, a.path)}"
             )
+    # `layout free` tensors: made contiguous before the engine keys the call
+    layout_free = [
+        f"({('kwargs' if a.keyword else 'args')!r}, {_arg_steps(a, positions.get(id(a), 0))}),"
+        f"  # {access_code('kwargs' if a.keyword else 'args', a.path)}"
+        for a in k.args
+        if isinstance(a.type, ir.TensorArg) and a.type.layout == "free"
+    ]
     return {
         "name": k.name,
+        "layout_free": layout_free,
         "site": steps_code(k.site, include_root=True),
         "site_shown": k.site.dotted(),
         "per": k.per,

@@ -161,6 +161,9 @@ class TensorArg(Node):
     dims: tuple[Expr, ...]
     strides: tuple[Expr, ...] | None = None  # None: contiguous
     offset: Expr | None = None  # elements into its storage: the view's alignment class
+    # free: the caller passes views of any layout (a window moving over a longer tensor)
+    # and the callable's values do not depend on it; each call gets a contiguous copy
+    layout: Literal["exact", "free"] = "exact"
 
 
 class ScalarArg(Node):

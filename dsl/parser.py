@@ -204,6 +204,9 @@ class _ToIR(Transformer):
             dtype=str(c[0]), dims=c[1], strides=c[2], offset=c[3], span=meta_span(meta)
         )
 
+    def free_tensor_arg(self, meta, c):
+        return ir.TensorArg(dtype=str(c[0]), dims=c[1], layout="free", span=meta_span(meta))
+
     def scalar_arg(self, meta, c):
         return ir.ScalarArg(type=str(c[0]), span=meta_span(meta))
 

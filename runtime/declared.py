@@ -99,6 +99,10 @@ class CallableDecl:
     writes: tuple[str, ...] = ()  # write-through regions (pointer-checked per call)
     pins: tuple[str, ...] = ()  # pinned regions this callable's stock code rebinds
     counters: tuple[Counter, ...] = ()
+    # `layout free` arguments, ("args" | "kwargs", steps): a view of any layout is
+    # replaced by a contiguous copy before the call is keyed (the contract states the
+    # callable's values do not depend on its layout), so the catalog names shapes only
+    layout_free: tuple[tuple[Literal["args", "kwargs"], tuple[Step, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

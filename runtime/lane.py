@@ -227,6 +227,9 @@ class Lane:
         for a in k.aliased:
             container = args_list if a.container == "args" else kwargs
             update_at(container, a.steps, lambda t, a=a: self._adopt(a, t, session))
+        for where, steps in k.layout_free:
+            container = args_list if where == "args" else kwargs
+            update_at(container, steps, _contiguous)
         fn = self.engines.get(name) or self.bodies[name]
         # hot callables are inference-only: a replay carries no autograd history
         with torch.inference_mode():
@@ -250,3 +253,10 @@ class Lane:
 
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self.regions.values())
+
+
+def _contiguous(t: Any) -> Any:
+    """A `layout free` argument as the catalog describes it: contiguous, offset 0."""
+    if isinstance(t, torch.Tensor) and (not t.is_contiguous() or t.storage_offset()):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
