@@ -15,7 +15,13 @@ import sys
 from pathlib import Path
 
 from duplexcadence.compiler.driver import Result, compiler_version, read_and_compile
-from duplexcadence.compiler.report import LEGEND, analysis_json, analysis_tables
+from duplexcadence.compiler.plan import footprint
+from duplexcadence.compiler.report import (
+    LEGEND,
+    analysis_json,
+    analysis_tables,
+    catalog_and_session,
+)
 from duplexcadence.dsl.codes import CODES, explain
 from duplexcadence.dsl.diagnostics import Diagnostic, render, shown_path
 
@@ -103,6 +109,9 @@ def cmd_check(args) -> int:
             _print_diagnostics(r)
             if r.analysis is not None:
                 print(analysis_tables(r.analysis))
+                if r.checked is not None:
+                    fp = footprint(r.checked, r.analysis)
+                    print(catalog_and_session(r.analysis, fp.per_session_bytes))
         if any(r.analysis is not None for r in results):
             print(LEGEND)
     return 0 if all(r.ok for r in results) else 1
@@ -179,7 +188,7 @@ def cmd_compile(args) -> int:
 def cmd_plan(args) -> int:
     """Bytes per session, lane and voice from the contract; with --profile, the sessions
     one GPU holds by memory and serves by time (compiler/plan.py)."""
-    from duplexcadence.compiler.plan import Profile, footprint, footprint_json, plan_text, predict
+    from duplexcadence.compiler.plan import Profile, footprint_json, plan_text, predict
 
     profile = None
     if args.profile:

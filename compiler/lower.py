@@ -18,10 +18,18 @@ EFFECT = {"none": "Effect.NONE", "device_rng": "Effect.DEVICE_RNG", "host_rng": 
 
 
 def steps_code(path: ir.Path, *, include_root: bool) -> str:
-    steps = [("attr", path.root)] if include_root else []
-    steps += [(s.kind, s.value) for s in path.steps]
-    inner = ", ".join(f"({k!r}, {v!r})" for k, v in steps)
+    steps = [("attr", repr(path.root))] if include_root else []
+    steps += [(s.kind, _value_code(s)) for s in path.steps]
+    inner = ", ".join(f"({k!r}, {v})" for k, v in steps)
     return f"({inner},)" if len(steps) == 1 else f"({inner})"
+
+
+def _value_code(step: ir.PathStep) -> str:
+    """A step's value as a literal; an identity key's module path is a nested step tuple
+    from the model's root (runtime/sites.py resolves it like any site)."""
+    if isinstance(step.value, ir.Path):
+        return steps_code(step.value, include_root=True)
+    return repr(step.value)
 
 
 def access_code(base: str, path: ir.Path) -> str:
@@ -129,8 +137,16 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> dict:
                 f"{_arg_steps(a, positions.get(id(a), 0))}, {how!r}),"
                 f"  # {access_code(container, a.path)}"
             )
+    # `layout free` tensors: made contiguous before the engine keys the call
+    layout_free = [
+        f"({('kwargs' if a.keyword else 'args')!r}, {_arg_steps(a, positions.get(id(a), 0))}),"
+        f"  # {access_code('kwargs' if a.keyword else 'args', a.path)}"
+        for a in k.args
+        if isinstance(a.type, ir.TensorArg) and a.type.layout == "free"
+    ]
     return {
         "name": k.name,
+        "layout_free": layout_free,
         "site": steps_code(k.site, include_root=True),
         "site_shown": k.site.dotted(),
         "per": k.per,
@@ -233,6 +249,7 @@ def lower(
                 "address": r.address,
                 "allocated": install != "declared",
                 "adopt_stock": r.allocate == "stock" or r.address == "pinned",
+                "initial": r.initial,
                 "note": r.note,
             }
         )

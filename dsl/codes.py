@@ -270,6 +270,18 @@ _CODES = [
         "conflicting sites",
         "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter).",
     ),
+    Code(
+        "CLK055",
+        "error",
+        "bad identity key",
+        "`[id(path)]` keys a dict entry by the identity of a module of the model: its path starts at the model's root and takes attribute and index steps only (no keys, no nested `id`), and it may appear only in a region's site.",
+    ),
+    Code(
+        "CLK056",
+        "error",
+        "bad initial state",
+        '`initial zeros` says a region\'s site may be absent at bind (the stock code creates it on its first call, reading zeros while it is absent): the region needs a site whose last step is a dict key (`["k"]` or `[id(...)]`) and `address pinned`.',
+    ),
     # ---- common syntax mistakes
     Code(
         "CLK060",

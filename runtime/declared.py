@@ -41,6 +41,9 @@ class RegionDecl:
     install: Install
     retention: Retention | None = None
     site: tuple[Step, ...] | None = None
+    # "zeros": the site may be absent at bind (the stock creates it on its first call and
+    # reads zeros until then); bind() allocates the region zeroed and creates the site
+    initial: Literal["zeros"] | None = None
 
     @property
     def name(self) -> str:
@@ -96,6 +99,10 @@ class CallableDecl:
     writes: tuple[str, ...] = ()  # write-through regions (pointer-checked per call)
     pins: tuple[str, ...] = ()  # pinned regions this callable's stock code rebinds
     counters: tuple[Counter, ...] = ()
+    # `layout free` arguments, ("args" | "kwargs", steps): a view of any layout is
+    # replaced by a contiguous copy before the call is keyed (the contract states the
+    # callable's values do not depend on its layout), so the catalog names shapes only
+    layout_free: tuple[tuple[Literal["args", "kwargs"], tuple[Step, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,11 @@ class ContractDecl:
         for r in self.regions.values():
             if r.site is not None and r.install in ("allocate", "stock", "pinned"):
                 out[r.name] = r.site
+                if r.initial is not None:  # the site may be absent: its container must not
+                    out[r.name] = r.site[:-1]
+                    kind, module = r.site[-1]
+                    if kind == "identity":
+                        out[f"{r.name} (its key's module)"] = module
         for k in self.callables:
             out[k.name] = k.site
         for c in self.constants:

@@ -87,6 +87,8 @@ class Lane:
                 if self.owns_sites and r.site is not None and has_site(model, r.site):
                     update_at(model, r.site, carry.adopt)
                 self.regions[r.name] = carry
+            elif r.install == "pinned" and r.initial is not None:
+                self.regions[r.name] = self._pinned_zeros(r)
             elif r.install in ("stock", "pinned"):
                 if not self.owns_sites:
                     raise LaneError(
@@ -99,6 +101,24 @@ class Lane:
                 if self.owns_sites and r.site is not None:
                     b.install_region(r.site, region)
                 self.regions[r.name] = region
+
+    def _pinned_zeros(self, r: Any) -> Region:
+        """A pinned region that starts as zeros (`initial zeros`): allocated compact at
+        its demand shape, holding the stock's state where the site already exists (the
+        stock's view may keep a whole activation alive), and put at the site, creating it
+        where it is absent (what the stock's first call would read: zeros)."""
+        b = self.binding
+        if not self.owns_sites:
+            raise LaneError(
+                f"region {r.name} is pinned at its site: a second lane cannot have its own; "
+                "serve sessions on one lane"
+            )
+        region = Region.allocate(r.spec, b.device)
+        if has_site(b.model, r.site):
+            with torch.no_grad():
+                region.tensor.copy_(get_at(b.model, r.site))
+        set_at(b.model, r.site, region.tensor)
+        return region
 
     def _make_callable(self, k: CallableDecl) -> None:
         if k.counters and not self.owns_sites:
@@ -207,6 +227,9 @@ class Lane:
         for a in k.aliased:
             container = args_list if a.container == "args" else kwargs
             update_at(container, a.steps, lambda t, a=a: self._adopt(a, t, session))
+        for where, steps in k.layout_free:
+            container = args_list if where == "args" else kwargs
+            update_at(container, steps, _contiguous)
         fn = self.engines.get(name) or self.bodies[name]
         # hot callables are inference-only: a replay carries no autograd history
         with torch.inference_mode():
@@ -230,3 +253,10 @@ class Lane:
 
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self.regions.values())
+
+
+def _contiguous(t: Any) -> Any:
+    """A `layout free` argument as the catalog describes it: contiguous, offset 0."""
+    if isinstance(t, torch.Tensor) and (not t.is_contiguous() or t.storage_offset()):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t

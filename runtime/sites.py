@@ -1,8 +1,9 @@
 """Binding sites: a closed language of paths into a model object and call arguments/results.
 
-A path is a tuple of steps, each `("attr", name)`, `("key", key)` or
-`("index", i)`, exactly as a contract writes `flow.decoder.att_cache_buffer`,
-`cache["estimator_att_cache"]` or `result[1]`. Generated adapters use these to
+A path is a tuple of steps, each `("attr", name)`, `("key", key)`,
+`("index", i)` or `("identity", module_path)`, exactly as a contract writes
+`flow.decoder.att_cache_buffer`, `cache["estimator_att_cache"]`, `result[1]` or
+`states[id(vae.decoder.model[2])]`. Generated adapters use these to
 install regions and wrappers; nothing here knows any model.
 
 Contract of this layer: a path only ever reaches the object's *own* tree.
@@ -12,7 +13,9 @@ Contract of this layer: a path only ever reaches the object's *own* tree.
     property. The one exception is the last step of a read, which may also be a
     method bound to that very object (`flow.inference_chunk`).
   * An item step indexes only a plain container (dict, list, tuple, torch's
-    module containers).
+    module containers). An identity step indexes only a dict, by `id()` of the
+    `torch.nn.Module` its own path (attribute and index steps, from the same root,
+    under these same rules) reaches: how vendor code keys per-layer state.
   * No step passes *through* a module, a class, a function or method, a builtin,
     a frame, code, generator or traceback, a descriptor, a mapping proxy or a
     tensor (a tensor is a leaf).
@@ -98,13 +101,34 @@ def _enter(cur: Any, kind: str, value: Any) -> None:
     elif kind in ("key", "index"):
         if not isinstance(cur, _CONTAINERS):
             raise SiteError(f"{type(cur).__name__} is not a plain container (dict, list, tuple)")
+    elif kind == "identity":
+        if not isinstance(cur, dict):
+            raise SiteError(f"{type(cur).__name__} is not a dict (an identity key indexes a dict)")
     else:
         raise SiteError(f"unknown step kind {kind!r}")
 
 
-def _step(cur: Any, kind: str, value: Any, *, last_read: bool) -> Any:
+def identity_key(root: Any, module_path: Any) -> int:
+    """`id()` of the module at `module_path` from `root` (attribute and index steps)."""
+    if not isinstance(module_path, tuple) or any(
+        not isinstance(s, tuple) or len(s) != 2 or s[0] not in ("attr", "index")
+        for s in module_path
+    ):
+        raise SiteError("an identity key's path takes attribute and index steps only")
+    module = _walk(root, module_path, what="identity key", last_read=False)
+    if not isinstance(module, torch.nn.Module):
+        raise SiteError(f"an identity key names a module, not {type(module).__name__}")
+    return id(module)
+
+
+def _step(cur: Any, kind: str, value: Any, *, last_read: bool, root: Any = None) -> Any:
     """Resolve one step from `cur`, or raise SiteError with the reason."""
     _enter(cur, kind, value)
+    if kind == "identity":
+        try:
+            return cur[identity_key(root, value)]
+        except KeyError as exc:
+            raise SiteError(f"no entry for the module at {format_path(value)}") from exc
     if kind != "attr":
         try:
             return cur[value]
@@ -127,11 +151,14 @@ def get_at(obj: Any, steps: tuple[Step, ...], *, what: str = "site") -> Any:
     return _walk(obj, steps, what=what, last_read=True)
 
 
-def _walk(obj: Any, steps: tuple[Step, ...], *, what: str, last_read: bool) -> Any:
+def _walk(
+    obj: Any, steps: tuple[Step, ...], *, what: str, last_read: bool, root: Any = None
+) -> Any:
     cur = obj
+    root = obj if root is None else root
     for i, (kind, value) in enumerate(steps):
         try:
-            cur = _step(cur, kind, value, last_read=last_read and i == len(steps) - 1)
+            cur = _step(cur, kind, value, last_read=last_read and i == len(steps) - 1, root=root)
         except SiteError as exc:
             raise SiteError(
                 f"{what} {format_path(steps)}: cannot resolve step "
@@ -149,7 +176,9 @@ def set_at(obj: Any, steps: tuple[Step, ...], value: Any, *, what: str = "site")
     kind, key = steps[-1]
     try:
         _enter(parent, kind, key)
-        if kind == "key" or kind == "index":
+        if kind == "identity":
+            parent[identity_key(obj, key)] = value
+        elif kind == "key" or kind == "index":
             if isinstance(parent, tuple):
                 raise SiteError("a tuple cannot be assigned in place")
             parent[key] = value
@@ -189,6 +218,8 @@ def format_path(steps: tuple[Step, ...]) -> str:
             out += ("." if out else "") + str(value)
         elif kind == "key":
             out += f'["{value}"]'
+        elif kind == "identity":
+            out += f"[id({format_path(value)})]"
         else:
             out += f"[{value}]"
     return out or "<root>"

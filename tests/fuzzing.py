@@ -312,6 +312,8 @@ def _steps(path: ir.Path) -> list[tuple[str, object]]:
 def _get(model, path: ir.Path):
     node = model
     for kind, key in _steps(path):
+        if kind == "identity":  # `[id(path)]`: keyed by the module at that path
+            key = id(_get(model, key))
         node = getattr(node, key) if kind == "attr" else node[key]
     return node
 
@@ -329,8 +331,22 @@ class FakeModel:
         regions = {x.name: x for x in r.analysis.regions}
         numbers = r.checked.regions
 
+        def module_at(path: ir.Path) -> torch.nn.Module:
+            """The module an identity key names: placed at its path where absent."""
+            try:
+                found = _get(root, path)
+            except (AttributeError, KeyError, IndexError, TypeError):
+                found = None
+            if not isinstance(found, torch.nn.Module):
+                found = torch.nn.Module()
+                place(path, found)
+            return found
+
         def place(path: ir.Path, value) -> None:
-            steps = _steps(path)
+            steps = [
+                (kind, id(module_at(key)) if kind == "identity" else key)
+                for kind, key in _steps(path)
+            ]
             node = root
             for kind, key in steps[:-1]:
                 nxt = getattr(node, key, None) if kind == "attr" else node.get(key)
