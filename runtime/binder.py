@@ -113,7 +113,9 @@ def _backend(backend: Any) -> tuple[Any, bool]:
         return None, False
     if backend == "simulate":
         return FakeGraphBackend(), True
-    raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)} or a GraphBackend")
+    raise ValueError(
+        f"backend {backend!r}: expected one of {', '.join(BACKENDS)} or a GraphBackend"
+    )
 
 
 def _install_constant(binding: Binding, c: Any) -> str:

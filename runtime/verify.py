@@ -260,7 +260,9 @@ def _compare_regions(stock: Any, bound: Any, regions: list, chunk: int) -> Diver
             continue  # neither copy has the state yet (created by a later chunk)
         if a is _END or b is _END:
             where = "stock" if a is _END else "bound"
-            return Divergence(chunk, "region", r.name, site, note=f"site missing on the {where} copy")
+            return Divergence(
+                chunk, "region", r.name, site, note=f"site missing on the {where} copy"
+            )
         if r.install == "allocate" and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             a = _leading_part(a, tuple(b.shape)) if a.shape != b.shape else a
             if a is None:
@@ -283,7 +285,13 @@ def _compare(a: Any, b: Any, chunk: int, kind: str, name: str, site: str | None 
         if type(a) is type(b) and not isinstance(a, torch.Tensor) and _plain_equal(a, b):
             return None
         return Divergence(
-            chunk, kind, name, site, stock_value=_show(a), bound_value=_show(b), note="values differ"
+            chunk,
+            kind,
+            name,
+            site,
+            stock_value=_show(a),
+            bound_value=_show(b),
+            note="values differ",
         )
     if bitwise_equal(a, b):
         return None
@@ -299,7 +307,9 @@ def _compare(a: Any, b: Any, chunk: int, kind: str, name: str, site: str | None 
     # the box of differences within the extent both copies hold (all of it when the
     # shapes agree); a longer copy's extra elements are named by the shapes
     count, box = difference_box(a[common], b[common]) if a.dim() == b.dim() else (None, ())
-    return Divergence(chunk, kind, name, site, **shapes, index=index, box=box, count=count, **values)
+    return Divergence(
+        chunk, kind, name, site, **shapes, index=index, box=box, count=count, **values
+    )
 
 
 def _value(t: torch.Tensor, index: tuple[int, ...]) -> Any:

@@ -8,8 +8,8 @@ lives on the model object (``model.cache``), so a contract can name its sites.
 
 ``stream(...)`` returns the ``StreamSpec`` (runtime/streams.py) ``verify`` takes;
 ``CONTRACT`` is a correct contract for it and ``contract(**edits)`` a variant with
-the mistakes of the issue's table. ``bind_contract_text`` compiles contract text in
-process and binds it (tests only; ``clockc verify`` takes a .clock path).
+the mistakes of the issue's table; ``adapter(text)`` compiles contract text in
+process and imports its generated package (``clockc verify`` takes a .clock path).
 """
 
 from __future__ import annotations
@@ -77,15 +77,24 @@ def chunk_frames(index: int, short: bool) -> int:
     return SHORT if short and index == SHORT_AT else CHUNK
 
 
-def stream(short: bool = False, keywords: bool = False) -> StreamSpec:
+def stream(short: bool = False, keywords: bool = False, device: str = "cpu") -> StreamSpec:
     """Seeded traffic: chunk i is the same tensor on every call of ``drive``."""
+
+    def build() -> TinyStreamer:
+        model = TinyStreamer(keywords=keywords).to(device)
+        model.cache = {
+            "conv": model.cache["conv"].to(device),
+            "kv": {n: t.to(device) for n, t in model.cache["kv"].items()},
+        }
+        return model
 
     def drive(model: TinyStreamer, chunks: int):
         for i in range(chunks):
             g = torch.Generator().manual_seed(1000 + i)
-            yield model.push(torch.randn(1, CHANNELS, chunk_frames(i, short), generator=g))
+            x = torch.randn(1, CHANNELS, chunk_frames(i, short), generator=g)
+            yield model.push(x.to(device))
 
-    return StreamSpec(build=lambda: TinyStreamer(keywords=keywords), drive=drive)
+    return StreamSpec(build=build, drive=drive, device=device)
 
 
 def short_chunk_stream() -> StreamSpec:
@@ -151,3 +160,13 @@ def contract(**edits: str) -> str:
         assert old in text, old
         text = text.replace(old, new)
     return text
+
+
+def adapter(text: str = CONTRACT):
+    """The generated package of ``text`` (it must compile), imported under a fresh name."""
+    from duplexcadence.compiler.driver import compile_source
+    from duplexcadence.compiler.loader import import_generated
+
+    result = compile_source(text, "tiny_stream.clock")
+    assert result.ok, [d.message for d in result.diagnostics]
+    return import_generated(result.files, prefix="tiny_stream")
