@@ -1,4 +1,4 @@
-"""`clockc`: check, compile and plan `.clock` contracts.
+"""`clockc`: check, compile, plan and verify `.clock` contracts.
 
 Exit status: 0 success (warnings allowed), 1 user errors in a contract or generated
 drift, 2 usage errors (bad arguments, no contracts found, an output folder that
@@ -217,6 +217,52 @@ def cmd_plan(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_verify(args) -> int:
+    """Stream a model beside its bound copy and compare bit for bit (runtime/verify.py).
+
+    The runtime is imported here, not at module import: check, compile and plan work
+    without torch, and the compiler depends on the runtime only for this command."""
+    from duplexcadence.compiler.loader import LoadError, load_adapter
+    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
+    from duplexcadence.runtime.verify import verify_stream
+
+    if args.chunks < 1:
+        raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
+    try:
+        adapter, compiled = load_adapter(args.contract)
+    except LoadError as exc:
+        raise UsageError(str(exc)) from None
+    entry: dict = {"path": args.contract, "stream": args.stream, "diagnostics": []}
+    if compiled is not None:
+        entry["diagnostics"] = _diagnostics_json(compiled)
+        if args.format != "json":
+            _print_diagnostics(compiled)
+    if adapter is None:
+        entry.update(ok=False, verify=None)
+        if args.format == "json":
+            print(_document("verify", [entry]))
+        return 1
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        # the stream's module is the user's code in this folder, as pytest and uvicorn
+        # find theirs; a console script does not put the current folder on the path
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        spec = load_stream_spec(args.stream)
+    except StreamSpecError as exc:
+        raise UsageError(str(exc)) from None
+    verdict = verify_stream(
+        adapter.bind, spec, args.chunks, device=args.device, backend=args.backend
+    )
+    entry.update(ok=verdict.ok, verify=verdict.to_json())
+    if args.format == "json":
+        print(_document("verify", [entry]))
+    else:
+        print(verdict.describe())
+        if args.report:
+            print(verdict.report)
+    return 0 if verdict.ok else 1
+
+
 def cmd_explain(code: str) -> int:
     if code.lower() == "all":
         for c in CODES.values():
@@ -280,6 +326,37 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--voices", type=int, default=1, help="distinct voices kept (turn starts)")
     plan.add_argument("--format", choices=("text", "json"), default="text")
     plan.set_defaults(func=cmd_plan)
+
+    verify = sub.add_parser(
+        "verify",
+        help="stream a model and its bound copy side by side; report the first divergence",
+    )
+    verify.add_argument(
+        "contract",
+        metavar="CONTRACT_OR_PACKAGE",
+        help="a .clock file, a generated package folder, or an importable package name",
+    )
+    verify.add_argument(
+        "--stream",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="a function returning a duplexcadence.runtime.streams.StreamSpec",
+    )
+    verify.add_argument("--chunks", type=int, default=20, help="chunks to compare (default 20)")
+    verify.add_argument(
+        "--device", default=None, help="device to bind on (default: the StreamSpec's)"
+    )
+    verify.add_argument(
+        "--backend",
+        choices=("simulate", "cuda"),
+        default=None,
+        help="replay backend of the bound copy (default: cuda on a GPU, simulate elsewhere)",
+    )
+    verify.add_argument(
+        "--report", action="store_true", help="print the bound copy's binding.report() too"
+    )
+    verify.add_argument("--format", choices=("text", "json"), default="text")
+    verify.set_defaults(func=cmd_verify)
     return parser
 
 
@@ -290,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.explain is not None:
             return cmd_explain(args.explain)
         if args.command is None:
-            parser.error("a command is required (check or compile), or --explain")
+            parser.error("a command is required (check, compile, plan or verify), or --explain")
         return args.func(args)
     except UsageError as exc:
         print(f"clockc: {exc}", file=sys.stderr)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from .backend import CudaGraphBackend, FakeGraphBackend, GraphBackend, lane_generator
+from .calls import convention_of
 from .carry import CarryRegion
 from .counters import HostCounter
 from .declared import Aliased, CallableDecl
@@ -72,6 +73,12 @@ class Lane:
         self.engines: dict[str, ExactShapeReplay] = {}
         self.bodies: dict[str, Callable] = {}
         self._callables = {k.name: k for k in binding.decl.callables}
+        # each callable's declared argument form (calls.py): a caller may pass an `arg`
+        # by keyword or a `kwarg` by position; the catalog and the aliasing see one form
+        self._conventions = {
+            k.name: convention_of(binding.stock_callables[k.name], k.classes, k.aliased)
+            for k in binding.decl.callables
+        }
         self._make_regions()
         for k in binding.decl.callables:
             self._make_callable(k)
@@ -223,6 +230,9 @@ class Lane:
     # ------------------------------------------------------------------ calls
     def call(self, name: str, args: tuple, kwargs: dict, session: Any) -> Any:
         k = self._callables[name]
+        convention = self._conventions[name]
+        if convention is not None:
+            args, kwargs = convention.normalise(args, kwargs)
         args_list = list(args)
         for a in k.aliased:
             container = args_list if a.container == "args" else kwargs
