@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from . import document
 from .cli import REPORT_RESERVE_S
-from .process import git_info, run_worker_process, write_json
+from .process import WorkerProcess, git_info, write_json
 from .stats import median, rotate
 from .workload import Workload
 
@@ -67,16 +67,11 @@ def run_cell_process(
 ) -> dict:
     """One fresh worker process; its JSON result or a failure record."""
     budget = f", --time-budget {args.time_budget:.0f}" if args.time_budget else ""
-    res = run_worker_process(
-        worker_command(wl, args, cell, block, seed, timeout),
-        document.cell_env(wl, cell),
-        label=f"block {block} {cell}",
-        timeout=timeout,
-        quiet=args.quiet_workers,
-        timeout_error=f"worker exceeded its timeout of {timeout:.0f} s (--worker-timeout "
-        f"{args.worker_timeout:.0f}{budget})",
-    )
-    return {"cell": cell, "block": block, "seed": seed, **res}
+    cmd, env = worker_command(wl, args, cell, block, seed, timeout), document.cell_env(wl, cell)
+    proc = WorkerProcess(cmd, env, label=f"block {block} {cell}", quiet=args.quiet_workers)
+    why = f"worker exceeded its timeout of {timeout:.0f} s (--worker-timeout "
+    why += f"{args.worker_timeout:.0f}{budget})"
+    return {"cell": cell, "block": block, "seed": seed, **proc.result(timeout, why)}
 
 
 def estimate_worker_s(
