@@ -13,7 +13,6 @@ runs on frame 2 (LM delay 1), so ``--warmup`` >= 3.
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
@@ -136,10 +135,6 @@ def describe(doc: dict) -> list[str]:
     ]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tiny", action="store_true", help="the tiny LM instead of FULL_7B")
-
-
 WORKLOAD = Workload(
     name="moshi",
     unit="frame",
@@ -179,8 +174,7 @@ WORKLOAD = Workload(
         "worker_timeout": 300.0,
     },
     base_env={COMPILE_ENV: "1"},
-    add_arguments=add_arguments,
-    worker_flags=("tiny",),
+    flags={"--tiny": dict(action="store_true", help="the tiny LM instead of FULL_7B")},
     measure_flags=("tiny",),
     doc_keys=("moshi", "model"),
     settings=lambda args: {

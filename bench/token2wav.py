@@ -14,7 +14,6 @@ raises, or running past ``--compile-timeout``, is a ``"failed"`` record.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import json
@@ -378,16 +377,6 @@ def cell_notes(name: str, c: dict) -> list[str]:
     return notes
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--compile-timeout",
-        type=float,
-        default=400.0,
-        help="compile_ro: seconds from its set-up to the end of its worker (every shape's "
-        "compile included); past it the worker reports status 'failed'",
-    )
-
-
 WORKLOAD = Workload(
     name="token2wav",
     unit="chunk",
@@ -415,8 +404,14 @@ WORKLOAD = Workload(
         "out": "bench/results/token2wav_quick",
         "worker_timeout": 1800.0,
     },
-    add_arguments=add_arguments,
-    worker_flags=("compile_timeout",),
+    flags={
+        "--compile-timeout": dict(
+            type=float,
+            default=400.0,
+            help="compile_ro: seconds from its set-up to the end of its worker (every shape's "
+            "compile included); past it the worker reports status 'failed'",
+        )
+    },
     doc_keys=("minicpmo_utils",),
     settings=lambda args: {
         "compile_timeout_s": args.compile_timeout,

@@ -101,8 +101,9 @@ class Workload:
     ``--{unit}s``, ``--profile-{unit}s`` (``--split-{unit}s`` with ``parts``) and result
     keys follow it. ``parts``: {name: dotted path from ``Run.model``} timed in the split
     pass and attributed in the profiler pass. ``final_steps``: untimed steps after every
-    pass. ``worker_flags``: the workload's own CLI dests forwarded to workers; those in
-    ``measure_flags`` define the measurement (``--merge`` refuses a mismatch)."""
+    pass. ``flags``: the workload's own flags ({flag: argparse keywords}), forwarded to
+    workers; those in ``measure_flags`` (dests) define the measurement (``--merge``
+    refuses a mismatch)."""
 
     name: str
     unit: str
@@ -118,8 +119,7 @@ class Workload:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     quick: Mapping[str, Any] = field(default_factory=dict)
     base_env: Mapping[str, str | None] = field(default_factory=dict)
-    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
-    worker_flags: tuple[str, ...] = ()
+    flags: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     measure_flags: tuple[str, ...] = ()
     doc_keys: tuple[str, ...] = ()
     settings: Callable[[argparse.Namespace], dict] = _none
@@ -145,6 +145,11 @@ class Workload:
     def refs(self) -> tuple[str, ...]:
         """The cells ratios are taken against (the reference first)."""
         return self.ratio_refs or (self.reference,)
+
+    @property
+    def own_dests(self) -> list[str]:
+        """The dests of the workload's own ``flags``."""
+        return [f.removeprefix("--").replace("-", "_") for f in self.flags]
 
     def dests(self) -> dict[str, str]:
         """{phase: CLI dest} of the per-phase step counts, named after the unit."""
