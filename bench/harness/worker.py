@@ -96,10 +96,9 @@ class Hashes:
                 x = np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=s.dtype)
                 self.whole[s.name].update(x.tobytes())
                 self.counts[s.name] += x.size
-            self.steps[s.name].append(x if x is None else hashlib.sha256(x.tobytes()).hexdigest())
-            self.values[s.name].append(
-                [int(v) for v in x] if s.values_key and x is not None else None
-            )
+            ok = x is not None  # a step without output: None in the per-step lists
+            self.steps[s.name].append(hashlib.sha256(x.tobytes()).hexdigest() if ok else None)
+            self.values[s.name].append([int(v) for v in x] if ok and s.values_key else None)
 
     def record(self) -> dict:
         out: dict[str, Any] = {}
