@@ -181,14 +181,15 @@ def adapter_notes(name: str, c: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def add_arguments(p: Any) -> None:
-    p.add_argument(
-        "--compile-timeout",
+# The decoders' own flag ({flag: argparse keywords}), forwarded to workers.
+FLAGS = {
+    "--compile-timeout": dict(
         type=float,
         default=300.0,
         help="compile cells: seconds from set-up to the end of the worker; past it the "
         "worker reports status 'failed'",
     )
+}
 
 
 DOC_KEYS = ("vendor_version", "model", "catalog_predicted", "signatures_observed")

@@ -66,14 +66,14 @@ def start(ctx: WorkerContext) -> D.DecoderRun:
     return D.DecoderRun(ctx, DECODER)
 
 
-def add_arguments(p: Any) -> None:
-    D.add_arguments(p)
-    p.add_argument(
-        "--turn-frames",
+FLAGS = {
+    **D.FLAGS,
+    "--turn-frames": dict(
         type=int,
         default=TURN_FRAMES,
         help="code frames per turn (the contract's catalog is the 210-frame turn's)",
-    )
+    ),
+}
 
 
 WORKLOAD = Workload(
@@ -102,8 +102,7 @@ WORKLOAD = Workload(
         "out": "bench/results/qwen3_code2wav_quick",
         "worker_timeout": 900.0,
     },
-    add_arguments=add_arguments,
-    worker_flags=("compile_timeout", "turn_frames"),
+    flags=FLAGS,
     measure_flags=("turn_frames",),
     doc_keys=D.DOC_KEYS,
     settings=lambda args: {

@@ -79,8 +79,7 @@ WORKLOAD = Workload(
         "out": "bench/results/voxcpm2_quick",
         "worker_timeout": 600.0,
     },
-    add_arguments=D.add_arguments,
-    worker_flags=("compile_timeout",),
+    flags=D.FLAGS,
     doc_keys=D.DOC_KEYS,
     settings=lambda args: {
         "compile_timeout_s": args.compile_timeout,
