@@ -23,6 +23,7 @@ JSON; the sweep rewrites its JSON, so run it after every sweep or ``--resume``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,8 @@ class RayServer:
             max_sessions=int(arm.options.get("max_sessions", MAX_SESSIONS)),
             stall_s=60.0,  # a replica busy capturing is slow, not dead
         )
+        if not cuda:  # a CPU host is often shared: Ray's monitor counts the whole node
+            os.environ["RAY_memory_monitor_refresh_ms"] = "0"
         ray.init(
             address="local",
             include_dashboard=False,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import torch
 from toy_stream import Net, Stream, decl
 
 from duplexcadence.runtime import FakeGraphBackend, bind_contract
@@ -35,6 +36,9 @@ def open_session(model: Stream, pool: Any, params: dict) -> Any:
 
 
 def step(session: Any, x: Any) -> Any:
+    """One chunk; ``x`` a (3, 8) float32 tensor, or its nested list (a WebSocket client's
+    JSON: float32 values survive the round trip through JSON numbers exactly)."""
+    x = torch.as_tensor(x, dtype=torch.float32)
     return session.run(session.obj.chunk, x).numpy()
 
 

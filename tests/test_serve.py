@@ -8,6 +8,7 @@ Every session's outputs through Ray must equal the same session run alone on sto
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -33,6 +34,7 @@ from duplexcadence.runtime.serve.replica import ReplicaServer
 from duplexcadence.runtime.serve.router import SessionTable
 
 TESTS = Path(__file__).resolve().parent
+HTTP: dict = {}  # the fixture's WebSocket port
 TOY = ServeConfig("serve_toy", "serve_toy:served", replicas=2, max_sessions=2)
 
 
@@ -139,10 +141,12 @@ needs_ray = pytest.mark.skipif(ray_missing() is not None, reason=ray_missing() o
 @pytest.fixture(scope="module")
 def app():
     import ray
-    from ray import serve
 
     from duplexcadence.runtime.serve.app import start
 
+    # the machine is shared: Ray's memory monitor would kill our replicas for memory
+    # other processes use (it counts the whole node)
+    os.environ["RAY_memory_monitor_refresh_ms"] = "0"
     ray.init(
         address="local",
         num_cpus=2,
@@ -152,11 +156,19 @@ def app():
         logging_level="WARNING",
         log_to_driver=False,
     )
+    HTTP["port"] = _free_port()
     try:
-        yield start(TOY)
+        yield start(TOY, http_port=HTTP["port"])
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        ray.shutdown()  # takes Serve with it (serve.shutdown() waits ~20 s more)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _replicas(handle) -> list[dict]:
@@ -288,3 +300,31 @@ def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app):
     assert exact([app.chunk.remote(fresh[0], x_of(21, 0)).result()], 21)
     for f in fresh:
         app.close.remote(f).result()
+
+
+@needs_ray
+@pytest.mark.ray
+@pytest.mark.slow
+def test_websocket_session_streams_exact_pcm(app):
+    import json
+
+    from websockets.sync.client import connect
+
+    _wait_all_up(app)
+    got = []
+    with connect(f"ws://127.0.0.1:{HTTP['port']}/sessions", open_timeout=30) as ws:
+        ws.send(json.dumps({"open": {"seed": 5}}))
+        assert "session" in json.loads(ws.recv(timeout=30))
+        for i in range(4):
+            if i == 2:
+                ws.send(json.dumps({"reset": True}))
+                assert json.loads(ws.recv(timeout=30)) == {"ok": True}
+            ws.send(json.dumps({"chunk": x_of(5, i).tolist()}))
+            got.append(np.frombuffer(ws.recv(timeout=30), dtype=np.float32))
+        ws.send(json.dumps({"what": 1}))
+        assert json.loads(ws.recv(timeout=30))["error"] == "ValueError"
+    assert exact(got, 5, reset_at=(2,))
+    t = time.time()  # the session closes with the connection
+    while _replicas(app)[0]["open"] + _replicas(app)[1]["open"] and time.time() - t < 10:
+        time.sleep(0.1)
+    assert sum(r["open"] for r in _replicas(app)) == 0

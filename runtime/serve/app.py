@@ -19,8 +19,9 @@ local (embedded) Ray cluster and returns the ingress handle.
   ``close(id)``, ``stats()``; over HTTP, the WebSocket ``/sessions`` (``websocket``).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI must see the WebSocket
+# annotation of a class-based route as a type (Serve rewrites its signature; a string
+# left unresolved makes the route refuse every connection with a 403).
 import asyncio
 import json
 import logging
