@@ -23,7 +23,6 @@ JSON; the sweep rewrites its JSON, so run it after every sweep or ``--resume``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -75,9 +74,7 @@ class RayServer:
     """The cadence harness's server protocol over the application's ingress handle."""
 
     def __init__(self, arm: Arm, device: torch.device) -> None:
-        import ray
-
-        from duplexcadence.runtime.serve.app import start
+        from duplexcadence.runtime.serve.app import init_local, start
 
         gpus = int(arm.options["gpus"])
         cuda = torch.device(device).type == "cuda"
@@ -90,14 +87,11 @@ class RayServer:
             max_sessions=int(arm.options.get("max_sessions", MAX_SESSIONS)),
             stall_s=60.0,  # a replica busy capturing is slow, not dead
         )
-        if not cuda:  # a CPU host is often shared: Ray's monitor counts the whole node
-            os.environ["RAY_memory_monitor_refresh_ms"] = "0"
-        ray.init(
-            address="local",
-            include_dashboard=False,
+        init_local(
             num_cpus=max(2, gpus * 2),
-            object_store_memory=256 * 2**20,
-            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+            object_store_mib=256,
+            paths=(Path(__file__).resolve().parents[1],),
+            shared_host=not cuda,  # a CPU host here is shared by other programs
             log_to_driver=False,
         )
         self.handle = start(self.config)

@@ -8,7 +8,6 @@ Every session's outputs through Ray must equal the same session run alone on sto
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -138,23 +137,19 @@ def test_cli_builds_the_config():
 needs_ray = pytest.mark.skipif(ray_missing() is not None, reason=ray_missing() or "")
 
 
+def on_ray(test):
+    """A test of the application on a local Ray cluster (slow: the cluster)."""
+    return needs_ray(pytest.mark.ray(pytest.mark.slow(test)))
+
+
 @pytest.fixture(scope="module")
 def app():
     import ray
 
-    from duplexcadence.runtime.serve.app import start
+    from duplexcadence.runtime.serve.app import init_local, start
 
-    # the machine is shared: Ray's memory monitor would kill our replicas for memory
-    # other processes use (it counts the whole node)
-    os.environ["RAY_memory_monitor_refresh_ms"] = "0"
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=80 * 2**20,
-        runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
-        logging_level="WARNING",
-        log_to_driver=False,
+    init_local(
+        num_cpus=2, object_store_mib=80, paths=(TESTS,), shared_host=True, log_to_driver=False
     )
     HTTP["port"] = _free_port()
     try:
@@ -185,9 +180,7 @@ def _wait_all_up(handle, timeout_s: float = 60.0) -> list[dict]:
     raise AssertionError(f"replicas not up in {timeout_s} s: {rs}")
 
 
-@needs_ray
-@pytest.mark.ray
-@pytest.mark.slow
+@on_ray
 def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app):
     _wait_all_up(app)
     seeds = (1, 2, 3, 4)
@@ -223,9 +216,7 @@ def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app):
         app.chunk.remote("no-such-session", x_of(1, 0)).result()
 
 
-@needs_ray
-@pytest.mark.ray
-@pytest.mark.slow
+@on_ray
 def test_overload_is_refused_at_open(app):
     _wait_all_up(app)
     sids = [app.open.remote({"seed": s}).result() for s in range(4)]  # 2 replicas x 2
@@ -239,9 +230,7 @@ def test_overload_is_refused_at_open(app):
         app.close.remote(sid).result()
 
 
-@needs_ray
-@pytest.mark.ray
-@pytest.mark.slow
+@on_ray
 def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app):
     import ray
 
@@ -302,9 +291,7 @@ def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app):
         app.close.remote(f).result()
 
 
-@needs_ray
-@pytest.mark.ray
-@pytest.mark.slow
+@on_ray
 def test_websocket_session_streams_exact_pcm(app):
     import json
 

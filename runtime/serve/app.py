@@ -25,6 +25,7 @@ local (embedded) Ray cluster and returns the ingress handle.
 import asyncio
 import json
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
@@ -253,17 +254,41 @@ def build_app(config: ServeConfig) -> Any:
     return Ingress.options(ray_actor_options={"num_cpus": 0}).bind(config, *replicas)
 
 
+def init_local(
+    *,
+    num_cpus: int | None = None,
+    object_store_mib: int | None = None,
+    paths: tuple = (),
+    shared_host: bool = False,
+    log_to_driver: bool = True,
+) -> None:
+    """An embedded Ray cluster on this machine (no dashboard). ``paths`` go on the
+    workers' PYTHONPATH in front of the driver's (user code that is not installed: a
+    ``--model`` module in a checkout); ``shared_host``: Ray's memory monitor off — it
+    counts the whole node and would kill replicas for memory other programs use."""
+    if shared_host:
+        os.environ["RAY_memory_monitor_refresh_ms"] = "0"
+    pythonpath = os.pathsep.join([*map(str, paths), *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        num_cpus=num_cpus,
+        object_store_memory=None if object_store_mib is None else object_store_mib * 2**20,
+        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}} if pythonpath else None,
+        log_to_driver=log_to_driver,
+    )
+
+
 def start(
     config: ServeConfig,
     *,
     http_port: int | None = None,
     host: str = "127.0.0.1",
-    ray_init: dict | None = None,
 ) -> Any:
     """Run the application and return its ingress handle. Starts an embedded local Ray
     cluster unless one is initialised; ``http_port`` None serves handles only."""
     if not ray.is_initialized():
-        ray.init(address="local", include_dashboard=False, **(ray_init or {}))
+        init_local()
     if http_port is None:
         serve.start(proxy_location="Disabled")
     else:

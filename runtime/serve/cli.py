@@ -10,6 +10,7 @@ defaults work on one CPU machine; on a GPU host give every replica a GPU and tak
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -58,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
-    from .app import start
+    from .app import init_local, start
 
     if args.address:
         ray.init(address=args.address)
     else:
-        ray.init(address="local", include_dashboard=False, num_cpus=args.num_cpus)
+        init_local(num_cpus=args.num_cpus, paths=(os.getcwd(),))
     start(config, http_port=args.port, host=args.host)
     print(
         f"duplexcadence-serve: {config.replicas} replica(s) of {config.contract} up; "
@@ -76,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         from ray import serve
 
-        serve.shutdown()
+        if args.address:  # a cluster we joined keeps running: take only our application
+            serve.delete(config.name)
+        ray.shutdown()  # the embedded cluster goes with its Serve instance
     return 0
 
 
