@@ -146,6 +146,9 @@ class Ingress:
         else:
             try:
                 return task.result()
+            except ServeError as e:  # the replica's refusal, without Ray's traceback around it
+                cause = getattr(e, "cause", e)
+                raise type(cause)(*cause.args) from None
             except DEAD as e:
                 self._down(index, incarnation, f"{type(e).__name__} answering a request")
         raise SessionLost(
@@ -159,12 +162,13 @@ class Ingress:
         index, incarnation = self.table.choose()  # Overloaded: refused before any work
         local = None
         try:
-            got, local = await self._on(
-                index, incarnation, self.replicas[index].open.remote(params or {}), "(opening)"
-            )
+            call = self.replicas[index].open.remote(params or {})
+            got, local = await self._on(index, incarnation, call, "(opening)")
             if got != incarnation:  # the replica was replaced between beat and call
                 local = None
                 raise SessionLost(f"replica {index} was replaced while the session opened")
+        except SessionLost as e:
+            raise SessionLost(f"no session opened: replica {index} died meanwhile ({e})") from None
         finally:
             sid = self.table.opened(index, incarnation, local)
         return sid
