@@ -68,7 +68,9 @@ def bind_contract(
 
     ``backend``: a graph backend for every lane (tests pass ``FakeGraphBackend`` to
     run admission and replay on the CPU); default CUDA graphs where available."""
-    require_sites(model, decl.sites_to_check())
+    # a carry's site holds the primed stock state; binding before priming
+    # (capture=False) may precede it, so capture() checks those sites instead
+    require_sites(model, decl.sites_to_check(carries=capture))
     device = torch.device(device) if device is not None else infer_device(model)
     binding = Binding(
         decl.name,
