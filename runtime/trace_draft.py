@@ -28,6 +28,7 @@ reach (a final chunk), demand extents of scratch buffers, host syncs.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -294,6 +295,7 @@ def trace_stream(spec: StreamSpec, chunks: int) -> Trace:
     if chunks < 2:
         raise ValueError("draft needs at least 2 chunks to see state carried across calls")
     sites = discover(spec)
+    gc.collect()  # the discovery copy goes before the recorded one is built
     model = spec.build()
     names = {site: _callable_name(site) for site in sites}
     calls: dict[str, list[_Call]] = {names[s]: [] for s in sites}
