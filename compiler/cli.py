@@ -1,4 +1,4 @@
-"""`clockc`: check, compile, plan and verify `.clock` contracts.
+"""`clockc`: check, compile, plan and verify `.clock` contracts; draft one from a traced stream.
 
 Exit status: 0 success (warnings allowed), 1 user errors in a contract or generated
 drift, 2 usage errors (bad arguments, no contracts found, an output folder that
@@ -14,7 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-from duplexcadence.compiler.driver import Result, compiler_version, read_and_compile
+from duplexcadence.compiler.driver import (
+    Result,
+    check_source,
+    compiler_version,
+    read_and_compile,
+)
 from duplexcadence.compiler.plan import footprint
 from duplexcadence.compiler.report import (
     LEGEND,
@@ -263,6 +268,36 @@ def cmd_verify(args) -> int:
     return 0 if verdict.ok else 1
 
 
+def cmd_draft(args) -> int:
+    """Trace the model's streaming loop and write a `.clock` draft (compiler/draft.py).
+    Runs the user's model, so torch and the runtime are imported here only."""
+    if args.chunks < 2:
+        raise UsageError("--chunks must be at least 2 (a carry shows across calls)")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # `pkg.mod:fn` names the user's code from here, as pytest does
+    from duplexcadence.compiler.draft import render_draft
+    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
+    from duplexcadence.runtime.trace_draft import trace_stream
+
+    try:
+        spec = load_stream_spec(args.stream)
+    except StreamSpecError as exc:
+        raise UsageError(str(exc)) from None
+    text = render_draft(trace_stream(spec, args.chunks), args.name, source=args.stream)
+    shown = args.output or "<draft>"
+    result = check_source(text, shown)
+    if args.output:
+        _write(Path(args.output), text)
+    else:
+        sys.stdout.write(text)
+    _print_diagnostics(result)
+    state = "checks" if result.ok else "does not check (see above)"
+    print(
+        f"clockc draft: {shown} {state}; review its comments, then `clockc check`", file=sys.stderr
+    )
+    return 0 if result.ok else 1
+
+
 def cmd_explain(code: str) -> int:
     if code.lower() == "all":
         for c in CODES.values():
@@ -357,6 +392,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--format", choices=("text", "json"), default="text")
     verify.set_defaults(func=cmd_verify)
+
+    draft = sub.add_parser(
+        "draft", help="trace a model's streaming loop and write a draft contract"
+    )
+    draft.add_argument(
+        "--stream",
+        required=True,
+        metavar="PKG.MOD:FN",
+        help="a function returning a StreamSpec (runtime/streams.py), importable from here",
+    )
+    draft.add_argument("--chunks", type=int, default=6, help="chunks to trace (default 6)")
+    draft.add_argument("--name", default=None, help="contract name (default: the model's class)")
+    draft.add_argument(
+        "-o", "--output", default=None, metavar="FILE", help="write here, not stdout"
+    )
+    draft.set_defaults(func=cmd_draft)
     return parser
 
 

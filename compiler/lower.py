@@ -12,6 +12,7 @@ from __future__ import annotations
 from duplexcadence.dsl import ir
 from duplexcadence.compiler.analysis import Analysis, CatalogClass, _eval, _value
 from duplexcadence.compiler.validate import Checked
+from duplexcadence.compiler.silent_loss import used_regions
 
 RETENTION_CLASS = {"head_tail": "HeadTail", "window": "Window", "ring": "Ring"}
 EFFECT = {"none": "Effect.NONE", "device_rng": "Effect.DEVICE_RNG", "host_rng": "Effect.HOST_RNG"}
@@ -184,12 +185,7 @@ def region_installs(c: ir.Contract) -> dict[str, str]:
     | pinned | declared. A region with no site that no callable reads or writes
     documents the stock state (e.g. a vendor ring that already is demand-sized):
     bind() allocates nothing for it."""
-    used = {r.name for r in c.regions if r.site is not None}
-    for k in c.callables:
-        used.update(a.type.region for a in k.args if isinstance(a.type, ir.RegionArg))
-        used.update(k.writes)
-        used.update(k.aliased)
-        used.update(r.region for r in k.retains)
+    used = used_regions(c)
     out = {}
     for r in c.regions:
         if r.name not in used:

@@ -369,6 +369,30 @@ _CODES = [
         "pinned region never written",
         "No callable writes a pinned region, so nothing copies the stock code's new values into it.",
     ),
+    Code(
+        "CLK506",
+        "warning",
+        "attended stride off the clock",
+        "A carry's attended stride differs from what the callable retaining it appends per call (its clock's rate per the callable's `per` clock): replay misses every extent the stream reaches off the declared stride.",
+    ),
+    Code(
+        "CLK507",
+        "warning",
+        "growing carry without attended",
+        "A region retained by writeback declares no `attended`: only its full extent is captured, so every call while it grows (and after a flush) runs eager.",
+    ),
+    Code(
+        "CLK508",
+        "warning",
+        "regions bound to nothing",
+        "Regions with no site that no callable reads, writes or retains, listed in one warning: bind() provides nothing for them, so they only document stock state (often a forgotten `site` or argument).",
+    ),
+    Code(
+        "CLK509",
+        "warning",
+        "contract without callables",
+        "A contract declares no callable: its adapter binds and replays nothing.",
+    ),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

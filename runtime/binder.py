@@ -74,7 +74,9 @@ def bind_contract(
     ``capture=False``) and each "replay" calls the callable on the captured inputs;
     or a ``GraphBackend`` object (tests)."""
     backend, simulated = _backend(backend)
-    require_sites(model, decl.sites_to_check())
+    # a carry's site holds the primed stock state; binding before priming
+    # (capture=False) may precede it, so capture() checks those sites instead
+    require_sites(model, decl.sites_to_check(carries=capture))
     device = torch.device(device) if device is not None else infer_device(model)
     binding = Binding(
         decl.name,

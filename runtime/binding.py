@@ -28,7 +28,7 @@ import torch
 from duplexcadence.runtime.backend import drawing_from
 from duplexcadence.runtime.determinism import restore_settings
 from duplexcadence.runtime.regions import Region
-from duplexcadence.runtime.sites import Step, format_path, get_at, set_at
+from duplexcadence.runtime.sites import Step, format_path, get_at, require_sites, set_at
 from duplexcadence.runtime.telemetry import LOGGER
 
 
@@ -103,6 +103,7 @@ class Binding:
         bind() does this itself unless told `capture=False`, which lets serving code
         bind first (so the state rule sizes every buffer before the prompt is primed)
         and capture once the model is on its device and primed."""
+        require_sites(self.model, self.decl.sites_to_check())  # the carries' sites too
         for lane in self.lanes:
             lane.capture(progress=progress)
         from duplexcadence.runtime.telemetry import capture_summary

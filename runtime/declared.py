@@ -122,8 +122,10 @@ class ContractDecl:
     callables: tuple[CallableDecl, ...]
     constants: tuple[ConstantDecl, ...] = ()
 
-    def sites_to_check(self) -> dict[str, tuple[Step, ...]]:
-        """Every site bind() must find before it changes anything."""
+    def sites_to_check(self, *, carries: bool = True) -> dict[str, tuple[Step, ...]]:
+        """Every site bind() must find before it changes anything. ``carries=False``
+        leaves out the carries' sites, for a bind before the stock state exists
+        (``capture=False``, before priming); ``Binding.capture()`` checks them then."""
         out: dict[str, tuple[Step, ...]] = {}
         for r in self.regions.values():
             if r.site is not None and r.install in ("allocate", "stock", "pinned"):
@@ -133,6 +135,8 @@ class ContractDecl:
                     kind, module = r.site[-1]
                     if kind == "identity":
                         out[f"{r.name} (its key's module)"] = module
+            elif r.site is not None and r.install == "carry" and carries:
+                out[r.name] = r.site
         for k in self.callables:
             out[k.name] = k.site
         for c in self.constants:

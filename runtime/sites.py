@@ -27,6 +27,7 @@ site and the step, raised before anything is changed (`require_sites`).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import types
@@ -133,7 +134,8 @@ def _step(cur: Any, kind: str, value: Any, *, last_read: bool, root: Any = None)
         try:
             return cur[value]
         except (KeyError, IndexError, TypeError) as exc:
-            raise SiteError(f"no item {value!r}") from exc
+            keys = cur.keys() if isinstance(cur, dict) else ()
+            raise SiteError(f"no item {value!r}{_did_you_mean(value, keys)}") from exc
     if _own_attribute(cur, value):
         return getattr(cur, value)
     if last_read:  # a method bound to this very object: `flow.inference_chunk`
@@ -141,9 +143,26 @@ def _step(cur: Any, kind: str, value: Any, *, last_read: bool, root: Any = None)
         if isinstance(bound, types.MethodType) and bound.__self__ is cur:
             return bound
     raise SiteError(
-        f"{type(cur).__name__} holds no attribute {value!r} of its own "
-        "(class attributes and properties are not sites)"
+        f"{type(cur).__name__} holds no attribute {value!r} of its own"
+        f"{_did_you_mean(value, _own_names(cur))} (class attributes and properties are not sites)"
     )
+
+
+def _own_names(obj: Any) -> list[str]:
+    """The attribute names a site step may take from `obj` (see `_own_attribute`)."""
+    names = list(getattr(obj, "__dict__", {}) or {})
+    if isinstance(obj, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            names += list(obj.__dict__.get(table, {}))
+    return [n for n in names if isinstance(n, str) and not n.startswith("__")]
+
+
+def _did_you_mean(value: Any, candidates: Any) -> str:
+    """' (did you mean 'x'?)' for the nearest existing name, so a misspelled site is
+    refused with its fix; '' when nothing is close."""
+    names = [c for c in candidates if isinstance(c, str)]
+    close = difflib.get_close_matches(str(value), names, n=1) if names else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def get_at(obj: Any, steps: tuple[Step, ...], *, what: str = "site") -> Any:
