@@ -2,30 +2,17 @@
 
     python -m bench.moshi --device cuda --blocks 4 --frames 32 --warmup 4 \\
         --profile-frames 3 --time-budget 480 --out bench/results/moshi_h200
-    python -m bench.moshi --device cuda --tiny ...     # the tiny LM, a fast GPU check
-    python -m bench.moshi --quick                      # CPU smoke: tiny LM, eager + adapter
+    python -m bench.moshi --quick          # CPU smoke: the tiny LM (--tiny), eager + adapter
 
-The harness (``bench/harness``) runs every (block, cell) in a fresh process; this module
-declares the workload: PyPI ``moshi==0.2.13`` as ``bench.workloads.moshi`` builds it
-(Mimi fp32 + the full 7B LM config in bf16, seeded random weights, batch 1, greedy).
-One step is one 80 ms frame (1920 samples at 24 kHz): ``mimi.encode`` -> one
-``lm_gen.step`` (text + 8 audio tokens) -> ``mimi.decode``, the server's loop body
-(``bench.workloads.moshi.step_frame``, inside the vendor's ``no_compile()``). The hashed
-streams are the token IDs (int64) and the float32 PCM of every frame that has output.
-
-Cells (every one with ``NO_TORCH_COMPILE=1``, so all run the same eager kernels):
-
-* ``eager``   vendor code, its CUDA graphs off (``NO_CUDA_GRAPH=1``). The reference.
-* ``vendor``  the vendor's own ``CUDAGraphed`` wrappers on (LM ``forward_text`` and
-  ``depformer_step``, Mimi encoder/decoder + their transformers). Each captures on its
-  second call; the decoder first runs on frame 2 (LM delay 1), so ``--warmup`` >= 3.
-* ``adapter`` vendor graphs off + the generated adapter, bound (and captured) by
-  ``bench.workloads.moshi.bind_adapter`` on the freshly built, streaming-started pair.
+One step is one 80 ms frame of ``bench.workloads.moshi.step_frame`` (7B LM bf16 + Mimi
+fp32, seeded random weights, batch 1, greedy); the hashed streams are the token IDs
+and the PCM. Every cell runs with ``NO_TORCH_COMPILE=1`` (the same eager kernels). The
+vendor's ``CUDAGraphed`` wrappers capture on their second call and the decoder first
+runs on frame 2 (LM delay 1), so ``--warmup`` >= 3.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
@@ -57,14 +44,11 @@ CELLS = (
 def vendor_graph_state(mimi: Any, lm_gen: Any) -> dict:
     """Which vendor CUDAGraphed wrappers hold a captured graph (None: no wrapper)."""
     out: dict[str, Any] = {}
-    for owner, names in (
-        (lm_gen, ("graphed_main", "graphed_depth")),
-        (mimi, ("graphed_encoder", "graphed_decoder", "graphed_tr_enc", "graphed_tr_dec")),
-    ):
-        state = getattr(owner, "_streaming_state", None)
+    mimi_graphs = ("encoder", "decoder", "tr_enc", "tr_dec")
+    for owner, names in ((lm_gen, ("main", "depth")), (mimi, mimi_graphs)):
         for n in names:
-            g = getattr(state, n, None)
-            out[n] = None if g is None else getattr(g, "_graph", None) is not None
+            g = getattr(getattr(owner, "_streaming_state", None), f"graphed_{n}", None)
+            out[f"graphed_{n}"] = None if g is None else getattr(g, "_graph", None) is not None
     return out
 
 
@@ -72,9 +56,8 @@ class MoshiRun:
     """One (block, cell): Mimi + LMGen built and streaming, frames stepped."""
 
     def __init__(self, ctx: WorkerContext) -> None:
-        reason = unavailable_reason("moshi")
-        if reason is not None:
-            raise RuntimeError(reason)
+        if unavailable_reason("moshi"):
+            raise RuntimeError(unavailable_reason("moshi"))
         from moshi.utils import compile as vendor_compile
 
         from bench.workloads import moshi as W
@@ -89,9 +72,7 @@ class MoshiRun:
                 f"({VENDOR_GRAPH_ENV}={os.environ.get(VENDOR_GRAPH_ENV)!r})"
             )
         if not os.environ.get(COMPILE_ENV):
-            raise RuntimeError(
-                f"{COMPILE_ENV} is not set: torch.compile would differ between cells"
-            )
+            raise RuntimeError(f"{COMPILE_ENV} is not set: torch.compile would differ by cell")
         self.inputs = iter(W.pcm_stream(ctx.args.seed, ctx.n_steps))
 
     def build(self) -> None:
@@ -104,18 +85,16 @@ class MoshiRun:
         )
         self.model = self.mimi
         lm, mimi = self.lm_gen.lm_model, self.mimi
+        dtype = lambda m: str(next(m.parameters()).dtype).replace("torch.", "")  # noqa: E731
         self.ctx.result["model"] = {
             "lm_kwargs": "TINY" if args.tiny else "FULL_7B",
             "lm_params": sum(p.numel() for p in lm.parameters()),
-            "lm_dtype": str(next(lm.parameters()).dtype).replace("torch.", ""),
+            "lm_dtype": dtype(lm),
             "mimi_params": sum(p.numel() for p in mimi.parameters()),
-            "mimi_dtype": str(next(mimi.parameters()).dtype).replace("torch.", ""),
+            "mimi_dtype": dtype(mimi),
             "lm_dim": getattr(lm, "dim", None),
             "lm_layers": len(getattr(getattr(lm, "transformer", None), "layers", []) or []),
-            "dep_q": lm.dep_q,
-            "num_codebooks": lm.num_codebooks,
-            "greedy": True,
-            "batch": 1,
+            **{"dep_q": lm.dep_q, "num_codebooks": lm.num_codebooks, "greedy": True, "batch": 1},
         }
 
     def setup(self) -> Any:
@@ -154,10 +133,6 @@ def describe(doc: dict) -> list[str]:
         f"- LM parameters {m.get('lm_params', 0):,}; Mimi parameters {m.get('mimi_params', 0):,}; "
         f"{COMPILE_ENV}=1 in every cell"
     ]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tiny", action="store_true", help="the tiny LM instead of FULL_7B")
 
 
 WORKLOAD = Workload(
@@ -199,8 +174,7 @@ WORKLOAD = Workload(
         "worker_timeout": 300.0,
     },
     base_env={COMPILE_ENV: "1"},
-    add_arguments=add_arguments,
-    worker_flags=("tiny",),
+    flags={"--tiny": dict(action="store_true", help="the tiny LM instead of FULL_7B")},
     measure_flags=("tiny",),
     doc_keys=("moshi", "model"),
     settings=lambda args: {

@@ -153,22 +153,11 @@ class AdapterServer:
             state_on=arm.options.get("state_on"),
             progress=False,
         )
-        self._voice_lock = threading.Lock()  # one priming per voice, whoever comes first
 
     def open(self, spec: SessionSpec) -> _Session:
-        voice = voice_of(spec)
-        s = _Session(spec, session_view(self.t2w, voice))
-        key = ("voice", voice)
-        s.pool_session = self.pool.open(
-            s.obj, seed=spec.seed, state=("hift_cache_dict",), turn_key=key
-        )
-        with self._voice_lock:
-            if not self.pool.has_turn_start(key):
-                with torch.inference_mode():
-                    s.pool_session.prime(prime, s.obj)
-                s.pool_session.mark_turn_start()
-            else:  # the voice's primed state is kept: restored at the first step
-                s.pool_session.reset()
+        s = _Session(spec, None)
+        s.pool_session = open_pooled(self.pool, self.t2w, voice_of(spec), spec.seed)
+        s.obj = s.pool_session.obj
         return s
 
     def reset(self, s: _Session) -> None:
@@ -185,6 +174,26 @@ class AdapterServer:
 
     def stats(self) -> dict:
         return replay.sessions_record(self.binding)
+
+
+_VOICE_LOCK = threading.Lock()  # one priming per voice, whoever comes first
+
+
+def open_pooled(pool: Any, t2w: Any, voice: int, seed: int) -> Any:
+    """A session of ``voice`` on ``pool`` (the pool's Session; its ``obj`` is the
+    session's view of ``t2w``): the first session of a voice primes it and keeps the
+    primed state as the voice's turn start; later ones start from that state."""
+    obj = session_view(t2w, voice)
+    key = ("voice", voice)
+    session = pool.open(obj, seed=seed, state=("hift_cache_dict",), turn_key=key)
+    with _VOICE_LOCK:
+        if not pool.has_turn_start(key):
+            with torch.inference_mode():
+                session.prime(prime, obj)
+            session.mark_turn_start()
+        else:  # the voice's primed state is kept: restored at the first step
+            session.reset()
+    return session
 
 
 def _own(obj: Any) -> None:

@@ -4,24 +4,21 @@
         --out bench/results/token2wav_h200
     python -m bench.token2wav --quick            # CPU smoke: 1 block, B0 and S, 2 chunks
 
-The workload (the harness, ``bench/harness``, does the rest): the released
-``minicpmo-utils==1.0.6`` streaming decoder (flow + HiFT, fp32, batch 1, seeded random
-weights, ``bench.workloads.token2wav``) driven by the vendor's own ``Token2wav.stream()``;
-one step is one 25-token chunk (+3 lookahead), and a ``last_chunk=True`` chunk follows
-every pass. Parts: ``flow`` (``flow.inference_chunk``) and ``vocoder`` (``hift.forward``).
-The hashed stream is the float32 PCM; ``tokens_sha256`` records the input tokens. The
-cells (DESIGN §6, paper Table 4) say what they are in ``CELLS``; ``compile_ro`` compiles
-on its first calls (use ``--warmup 3`` so the extents 302/352/402 are all seen), and
-anything it raises, or running past ``--compile-timeout``, is a ``"failed"`` record.
+One step is one 25-token chunk (+3 lookahead) of the vendor's own ``Token2wav.stream()``
+(``bench.workloads.token2wav``: fp32, batch 1, seeded random weights), a
+``last_chunk=True`` chunk after every pass; parts ``flow`` and ``vocoder``; the hashed
+stream is the float32 PCM (``tokens_sha256`` records the input). ``compile_ro``
+compiles on its first calls (``--warmup 3`` sees the extents 302/352/402); what it
+raises, or running past ``--compile-timeout``, is a ``"failed"`` record.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import json
 import signal
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +34,6 @@ class T2WCell(Cell):
     reaches the device: the state rule; after priming: stock buffers kept)."""
 
     bind: bool = False
-    replay: bool = False
     adapter: str = "stepaudio2_token2wav"
     bind_before_priming: bool = True
     float16: bool = False  # the vendor's own switch: the flow runs under autocast(fp16)
@@ -59,7 +55,6 @@ CELLS = (
         "replays the DiT estimator once per Euler step; encoder, solver loop, vocoder eager",
         needs_cuda=True,
         bind=True,
-        replay=True,
         adapter=STEP + "_replay_only",
         bind_before_priming=False,
     ),
@@ -69,7 +64,6 @@ CELLS = (
         "they are and stages the moving stock carry into captured buffers of its layout",
         needs_cuda=True,
         bind=True,
-        replay=True,
         adapter=REPLAY_ONLY,
         bind_before_priming=False,
     ),
@@ -78,7 +72,6 @@ CELLS = (
         f"state rule + replay at the step clock: {STEP}, bound before the model reaches the "
         "device, replays the DiT estimator once per Euler step; misses run eager",
         bind=True,
-        replay=True,
         adapter=STEP,
     ),
     T2WCell(
@@ -86,7 +79,6 @@ CELLS = (
         "state rule + replay at the chunk clock: flow.inference_chunk (encoder + 10-step "
         "solver) and hift.forward captured, one graph per catalog class; misses run eager",
         bind=True,
-        replay=True,
     ),
     T2WCell(
         "B0_fp16",
@@ -99,7 +91,6 @@ CELLS = (
         "SRc with Token2wav.float16 = True: the flow classes captured under the declared "
         "ambient state autocast(cuda, float16) replay (the contract captures both states)",
         bind=True,
-        replay=True,
         float16=True,
         exact_against="B0_fp16",
     ),
@@ -198,11 +189,9 @@ def rebucket_vendor_graphs(est: Any, buckets: dict[int, int] = REBUCKET) -> None
 
 
 def dynamo_counters() -> dict:
-    """``torch._dynamo.utils.counters`` as plain numbers; {} if unavailable."""
-    try:
-        from torch._dynamo.utils import counters
-    except Exception:  # noqa: BLE001
-        return {}
+    """``torch._dynamo.utils.counters`` as plain numbers."""
+    from torch._dynamo.utils import counters
+
     return {
         str(g): {str(k)[:200]: int(v) for k, v in dict(c).items() if isinstance(v, (int, float))}
         for g, c in counters.items()
@@ -210,12 +199,9 @@ def dynamo_counters() -> dict:
 
 
 def counters_delta(after: dict, before: dict) -> dict:
-    out = {}
-    for g, vals in after.items():
-        d = {k: v - before.get(g, {}).get(k, 0) for k, v in vals.items()}
-        if any(d.values()):
-            out[g] = {k: v for k, v in d.items() if v}
-    return out
+    """What the (monotonic) counters added, groups without change left out."""
+    diff = {g: Counter(v) - Counter(before.get(g, {})) for g, v in after.items()}
+    return {g: dict(d) for g, d in diff.items() if d}
 
 
 def compile_callables(t2w: Any, info: dict) -> None:
@@ -273,7 +259,7 @@ class Token2WavRun:
             self.adapter = import_adapter(self.cell)
             from duplexcadence.runtime import replay_enabled
 
-            if replay_enabled() != self.cell.replay:
+            if replay_enabled() != (DISABLE_ENV not in self.cell.env):
                 raise RuntimeError(f"cell {self.cell.name}: replay_enabled() is {replay_enabled()}")
         reason = unavailable_reason("token2wav")
         if reason is not None:
@@ -367,23 +353,20 @@ def cell_summary(results: list) -> dict:
     if comp:
         keys = ("compile_and_first_calls_s", "frames_compiled", "unique_graphs", "graph_breaks")
         out["compile"] = {"blocks": len(comp), **{k: median(s.get(k) for s in comp) for k in keys}}
-        out["compile"]["frames_compiled_in_window"] = sum(
-            int(s.get("frames_compiled_in_window") or 0) for s in comp
-        )
+        in_window = sum(int(s.get("frames_compiled_in_window") or 0) for s in comp)
+        out["compile"].update(frames_compiled_in_window=in_window)
         out["compile"]["compile_kwargs"] = comp[0]["compile_kwargs"]
     return out
 
 
 def cell_notes(name: str, c: dict) -> list[str]:
-    notes = []
-    vg = c.get("vendor_graphs")
+    notes, vg, cp = [], c.get("vendor_graphs"), c.get("compile")
     if vg:
         notes.append(
             f"- **{name}** vendor DiT graphs: buckets {vg.get('buckets')} (max attended cache "
             f"{vg.get('max_size')}); {vg.get('bucket_replays')} graph replays of "
             f"{vg.get('estimator_calls')} estimator calls over {vg.get('blocks')} block(s)."
         )
-    cp = c.get("compile")
     if cp:
         notes.append(
             f"- **{name}** torch.compile {cp.get('compile_kwargs')}: compile + first calls "
@@ -392,16 +375,6 @@ def cell_notes(name: str, c: dict) -> list[str]:
             f"breaks, {cp.get('frames_compiled_in_window')} frames compiled inside the window."
         )
     return notes
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--compile-timeout",
-        type=float,
-        default=400.0,
-        help="compile_ro: seconds from its set-up to the end of its worker (every shape's "
-        "compile included); past it the worker reports status 'failed'",
-    )
 
 
 WORKLOAD = Workload(
@@ -431,8 +404,14 @@ WORKLOAD = Workload(
         "out": "bench/results/token2wav_quick",
         "worker_timeout": 1800.0,
     },
-    add_arguments=add_arguments,
-    worker_flags=("compile_timeout",),
+    flags={
+        "--compile-timeout": dict(
+            type=float,
+            default=400.0,
+            help="compile_ro: seconds from its set-up to the end of its worker (every shape's "
+            "compile included); past it the worker reports status 'failed'",
+        )
+    },
     doc_keys=("minicpmo_utils",),
     settings=lambda args: {
         "compile_timeout_s": args.compile_timeout,

@@ -1,4 +1,4 @@
-"""`clockc`: check, compile and plan `.clock` contracts.
+"""`clockc`: check, compile, plan and verify `.clock` contracts; draft one from a traced stream.
 
 Exit status: 0 success (warnings allowed), 1 user errors in a contract or generated
 drift, 2 usage errors (bad arguments, no contracts found, an output folder that
@@ -18,8 +18,19 @@ from pathlib import Path
 # package in one line (main(), exit 2) instead of failing on import with a traceback.
 COMPILE_EXTRA = ("jinja2", "lark", "pydantic", "black")
 try:
-    from duplexcadence.compiler.driver import Result, compiler_version, read_and_compile
-    from duplexcadence.compiler.report import LEGEND, analysis_json, analysis_tables
+    from duplexcadence.compiler.driver import (
+        Result,
+        check_source,
+        compiler_version,
+        read_and_compile,
+    )
+    from duplexcadence.compiler.plan import footprint
+    from duplexcadence.compiler.report import (
+        LEGEND,
+        analysis_json,
+        analysis_tables,
+        catalog_and_session,
+    )
     from duplexcadence.dsl.codes import CODES, explain
     from duplexcadence.dsl.diagnostics import Diagnostic, render, shown_path
 except ModuleNotFoundError as exc:
@@ -113,6 +124,9 @@ def cmd_check(args) -> int:
             _print_diagnostics(r)
             if r.analysis is not None:
                 print(analysis_tables(r.analysis))
+                if r.checked is not None:
+                    fp = footprint(r.checked, r.analysis)
+                    print(catalog_and_session(r.analysis, fp.per_session_bytes))
         if any(r.analysis is not None for r in results):
             print(LEGEND)
     return 0 if all(r.ok for r in results) else 1
@@ -189,7 +203,7 @@ def cmd_compile(args) -> int:
 def cmd_plan(args) -> int:
     """Bytes per session, lane and voice from the contract; with --profile, the sessions
     one GPU holds by memory and serves by time (compiler/plan.py)."""
-    from duplexcadence.compiler.plan import Profile, footprint, footprint_json, plan_text, predict
+    from duplexcadence.compiler.plan import Profile, footprint_json, plan_text, predict
 
     profile = None
     if args.profile:
@@ -216,6 +230,82 @@ def cmd_plan(args) -> int:
     if args.format == "json":
         print(_document("plan", entries))
     return 0 if ok else 1
+
+
+def cmd_verify(args) -> int:
+    """Stream a model beside its bound copy and compare bit for bit (runtime/verify.py).
+
+    The runtime is imported here, not at module import: check, compile and plan work
+    without torch, and the compiler depends on the runtime only for this command."""
+    from duplexcadence.compiler.loader import LoadError, load_adapter
+    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
+    from duplexcadence.runtime.verify import verify_stream
+
+    if args.chunks < 1:
+        raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
+    try:
+        adapter, compiled = load_adapter(args.contract)
+    except LoadError as exc:
+        raise UsageError(str(exc)) from None
+    entry: dict = {"path": args.contract, "stream": args.stream, "diagnostics": []}
+    if compiled is not None:
+        entry["diagnostics"] = _diagnostics_json(compiled)
+        if args.format != "json":
+            _print_diagnostics(compiled)
+    if adapter is None:
+        entry.update(ok=False, verify=None)
+        if args.format == "json":
+            print(_document("verify", [entry]))
+        return 1
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        # the stream's module is the user's code in this folder, as pytest and uvicorn
+        # find theirs; a console script does not put the current folder on the path
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        spec = load_stream_spec(args.stream)
+    except StreamSpecError as exc:
+        raise UsageError(str(exc)) from None
+    verdict = verify_stream(
+        adapter.bind, spec, args.chunks, device=args.device, backend=args.backend
+    )
+    entry.update(ok=verdict.ok, verify=verdict.to_json())
+    if args.format == "json":
+        print(_document("verify", [entry]))
+    else:
+        print(verdict.describe())
+        if args.report:
+            print(verdict.report)
+    return 0 if verdict.ok else 1
+
+
+def cmd_draft(args) -> int:
+    """Trace the model's streaming loop and write a `.clock` draft (compiler/draft.py).
+    Runs the user's model, so torch and the runtime are imported here only."""
+    if args.chunks < 2:
+        raise UsageError("--chunks must be at least 2 (a carry shows across calls)")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # `pkg.mod:fn` names the user's code from here, as pytest does
+    from duplexcadence.compiler.draft import render_draft
+    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
+    from duplexcadence.runtime.trace_draft import trace_stream
+
+    try:
+        spec = load_stream_spec(args.stream)
+    except StreamSpecError as exc:
+        raise UsageError(str(exc)) from None
+    text = render_draft(trace_stream(spec, args.chunks), args.name, source=args.stream)
+    shown = args.output or "<draft>"
+    result = check_source(text, shown)
+    if args.output:
+        _write(Path(args.output), text)
+    else:
+        sys.stdout.write(text)
+    _print_diagnostics(result)
+    state = "checks" if result.ok else "does not check (see above)"
+    print(
+        f"clockc draft: {shown} {state}; review its comments, then `clockc check`", file=sys.stderr
+    )
+    return 0 if result.ok else 1
 
 
 def cmd_explain(code: str) -> int:
@@ -281,6 +371,53 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--voices", type=int, default=1, help="distinct voices kept (turn starts)")
     plan.add_argument("--format", choices=("text", "json"), default="text")
     plan.set_defaults(func=cmd_plan)
+
+    verify = sub.add_parser(
+        "verify",
+        help="stream a model and its bound copy side by side; report the first divergence",
+    )
+    verify.add_argument(
+        "contract",
+        metavar="CONTRACT_OR_PACKAGE",
+        help="a .clock file, a generated package folder, or an importable package name",
+    )
+    verify.add_argument(
+        "--stream",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="a function returning a duplexcadence.runtime.streams.StreamSpec",
+    )
+    verify.add_argument("--chunks", type=int, default=20, help="chunks to compare (default 20)")
+    verify.add_argument(
+        "--device", default=None, help="device to bind on (default: the StreamSpec's)"
+    )
+    verify.add_argument(
+        "--backend",
+        choices=("simulate", "cuda"),
+        default=None,
+        help="replay backend of the bound copy (default: cuda on a GPU, simulate elsewhere)",
+    )
+    verify.add_argument(
+        "--report", action="store_true", help="print the bound copy's binding.report() too"
+    )
+    verify.add_argument("--format", choices=("text", "json"), default="text")
+    verify.set_defaults(func=cmd_verify)
+
+    draft = sub.add_parser(
+        "draft", help="trace a model's streaming loop and write a draft contract"
+    )
+    draft.add_argument(
+        "--stream",
+        required=True,
+        metavar="PKG.MOD:FN",
+        help="a function returning a StreamSpec (runtime/streams.py), importable from here",
+    )
+    draft.add_argument("--chunks", type=int, default=6, help="chunks to trace (default 6)")
+    draft.add_argument("--name", default=None, help="contract name (default: the model's class)")
+    draft.add_argument(
+        "-o", "--output", default=None, metavar="FILE", help="write here, not stdout"
+    )
+    draft.set_defaults(func=cmd_draft)
     return parser
 
 
@@ -298,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.explain is not None:
             return cmd_explain(args.explain)
         if args.command is None:
-            parser.error("a command is required (check or compile), or --explain")
+            parser.error("a command is required (check, compile, plan or verify), or --explain")
         return args.func(args)
     except UsageError as exc:
         print(f"clockc: {exc}", file=sys.stderr)

@@ -34,6 +34,7 @@ from duplexcadence.compiler.lowered import (
     ValueLeaf,
 )
 from duplexcadence.compiler.validate import Checked
+from duplexcadence.compiler.silent_loss import used_regions
 
 RETENTION = {
     "head_tail": ("HeadTail", ("head", "tail")),
@@ -133,6 +134,13 @@ def _after_root(path: ir.Path) -> str:
     return path.dotted()[len(path.root) :]
 
 
+def _arg_at(a: ir.Arg, positional: list[ir.Arg]) -> tuple[str, str]:
+    """Where the call holds an argument: its container and the dotted steps from it
+    (`["cache"]["k"]`, `[1]`)."""
+    head = f'["{a.path.root}"]' if a.keyword else f"[{positional.index(a)}]"
+    return ("kwargs" if a.keyword else "args"), head + _after_root(a.path)
+
+
 def _aliased(k: ir.Callable, regions: dict[str, ir.Region]) -> tuple[Aliased, ...]:
     positional = [a for a in k.args if not a.keyword]
     out = []
@@ -145,10 +153,18 @@ def _aliased(k: ir.Callable, regions: dict[str, ir.Region]) -> tuple[Aliased, ..
             how = "slot"
         else:
             how = "carry" if regions[a.type.region].retention is not None else "prefix"
-        head = f'["{a.path.root}"]' if a.keyword else f"[{positional.index(a)}]"
-        container = "kwargs" if a.keyword else "args"
-        out.append(Aliased(a.type.region, container, head + _after_root(a.path), how))
+        out.append(Aliased(a.type.region, *_arg_at(a, positional), how))
     return tuple(out)
+
+
+def _layout_free(k: ir.Callable) -> tuple[tuple[str, str], ...]:
+    """`layout free` tensors: made contiguous before the engine keys the call."""
+    positional = [a for a in k.args if not a.keyword]
+    return tuple(
+        _arg_at(a, positional)
+        for a in k.args
+        if isinstance(a.type, ir.TensorArg) and a.type.layout == "free"
+    )
 
 
 def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallable:
@@ -165,6 +181,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         # the autocast states each class is captured under (runtime/ambient.py)
         ambient=tuple(None if v == "off" else v for a in k.ambient for v in a.values),
         aliased=_aliased(k, regions),
+        layout_free=_layout_free(k),
         retains=tuple(
             Retains(r.region, _after_root(r.source).removeprefix(".")) for r in k.retains
         ),
@@ -183,12 +200,7 @@ def region_installs(c: ir.Contract) -> dict[str, str]:
     | pinned | declared. A region with no site that no callable reads or writes
     documents the stock state (e.g. a vendor ring that already is demand-sized):
     bind() allocates nothing for it."""
-    used = {r.name for r in c.regions if r.site is not None}
-    for k in c.callables:
-        used.update(a.type.region for a in k.args if isinstance(a.type, ir.RegionArg))
-        used.update(k.writes)
-        used.update(k.aliased)
-        used.update(r.region for r in k.retains)
+    used = used_regions(c)
     out = {}
     for r in c.regions:
         if r.name not in used:
@@ -220,6 +232,7 @@ def _region_fields(r: ir.Region, a, numbers, install: str) -> dict[str, FieldVal
         "install": install,
         "retention": retention,
         "site": r.site.dotted() if r.site else None,
+        "initial": r.initial,
     }
     return {k: v for k, v in values.items() if v is not None}
 

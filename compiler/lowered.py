@@ -114,6 +114,8 @@ class LoweredCallable:
     effect: str  # an Effect member
     ambient: tuple[str | None, ...]  # autocast dtype per captured state; None: off
     aliased: tuple[Aliased, ...]
+    # `layout free` tensors, (container, dotted steps from it): copied contiguous first
+    layout_free: tuple[tuple[str, str], ...]
     retains: tuple[Retains, ...]
     writes: tuple[str, ...]  # write-through regions with a site (pointer-checked)
     pins: tuple[str, ...]  # pinned regions the stock code rebinds every call

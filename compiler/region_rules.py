@@ -242,6 +242,15 @@ class RegionRules:
                     "at its site, so it takes no retention and no `allocate`",
                     spans.get("address", r.span),
                 )
+        if r.initial is not None:
+            last = r.site.steps[-1].kind if r.site is not None and r.site.steps else None
+            if r.address != "pinned" or last not in ("key", "identity"):
+                self.err(
+                    "CLK056",
+                    f"region '{r.name}' starts as zeros where its site is absent: it needs "
+                    "`address pinned` and a site whose last step is a dict key",
+                    spans.get("initial", r.span),
+                )
         if r.allocate == "stock":
             if r.site is None or (stock is None and r.stock is None):
                 self.err(

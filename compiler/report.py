@@ -91,3 +91,20 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
         f"replay reserve (eq. 6) {a.reserve_bytes / MIB:.1f} MiB"
     )
     return buf.getvalue()
+
+
+def catalog_and_session(a: Analysis, per_session_bytes: int) -> str:
+    """What `clockc check` says before any GPU work: each callable's catalog (the classes
+    bind() captures, in order) and the bytes a session keeps (compiler/plan.py)."""
+    lines = [f"{a.contract}: catalog (classes captured, in order)"]
+    for k in a.callables:
+        if not k.in_scope:
+            lines.append(f"  {k.name}: eager ({k.scope_reason})")
+            continue
+        labels = "; ".join(c.label() for c in k.classes) if k.enumerated else "(not enumerated)"
+        lines.append(f"  {k.name}: {k.width} class{'es' if k.width != 1 else ''}: {labels}")
+    lines.append(
+        f"{a.contract}: {per_session_bytes:,} bytes per session (regions of lifetime turn "
+        "or session)"
+    )
+    return "\n".join(lines)

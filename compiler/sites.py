@@ -64,11 +64,18 @@ def forbidden_segment(name: str) -> bool:
 
 def _attr_names(path: ir.Path, *, root_is_attr: bool) -> list[str]:
     names = [path.root] if root_is_attr else []
-    return names + [str(s.value) for s in path.steps if s.kind == "attr"]
+    for s in path.steps:
+        if s.kind == "attr":
+            names.append(str(s.value))
+        elif s.kind == "identity":  # the module path inside `[id(...)]` is a site too
+            names += _attr_names(s.value, root_is_attr=True)  # type: ignore[arg-type]
+    return names
 
 
 def _key(path: ir.Path) -> Key:
-    return (("attr", path.root),) + tuple((s.kind, s.value) for s in path.steps)
+    return (("attr", path.root),) + tuple(
+        (s.kind, s.value.dotted() if isinstance(s.value, ir.Path) else s.value) for s in path.steps
+    )
 
 
 def _bound_sites(c: ir.Contract) -> list[tuple[str, ir.Path]]:
@@ -170,5 +177,36 @@ def _argument_paths(c: ir.Contract) -> list[Diagnostic]:
     return found
 
 
+def _all_paths(c: ir.Contract) -> list[tuple[ir.Path, bool]]:
+    """(path, is a region's site) of every path in the contract."""
+    out = [(r.site, True) for r in c.regions if r.site is not None]
+    out += [(h.site, False) for h in c.constants if h.site is not None]
+    for k in c.callables:
+        out += [(k.site, False)] if k.site is not None else []
+        out += [(n.site, False) for n in k.counters]
+        out += [(r.source, False) for r in k.retains]
+        out += [(a.path, False) for a in k.args]
+    return out
+
+
+def _identity_keys(c: ir.Contract) -> list[Diagnostic]:
+    """`[id(path)]`: only in a region's site (a state dict keyed by module), and its
+    module path is attribute and index steps from the root (resolved like any site)."""
+    found = []
+    for path, region_site in _all_paths(c):
+        for s in path.steps:
+            if s.kind != "identity":
+                continue
+            inner: ir.Path = s.value  # type: ignore[assignment]
+            if not region_site:
+                why = "an identity key may appear only in a region's site"
+            elif any(t.kind not in ("attr", "index") for t in inner.steps):
+                why = "its module path takes attribute and index steps only"
+            else:
+                continue
+            found.append(error("CLK055", f"'{path.dotted()}': {why}", s.span))
+    return found
+
+
 def check_sites(c: ir.Contract) -> list[Diagnostic]:
-    return _segment_problems(c) + _conflicts(c) + _argument_paths(c)
+    return _segment_problems(c) + _conflicts(c) + _argument_paths(c) + _identity_keys(c)

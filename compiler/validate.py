@@ -19,6 +19,7 @@ from duplexcadence.compiler.callable_rules import CallableRules
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.names import check_names
 from duplexcadence.compiler.region_rules import RegionNumbers, RegionRules
+from duplexcadence.compiler.silent_loss import silent_loss_warnings
 from duplexcadence.compiler.sites import check_sites
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, Severity, Span, error, warning
@@ -99,6 +100,8 @@ class _Validator(RegionRules, CallableRules):
         for constant in self.c.constants:
             self.check_constant(constant)
         self.check_pins_written()
+        if self.error_count() == 0:
+            self.diags += silent_loss_warnings(self.c, self.out.clock_rate, self.out.regions)
         return self.out
 
     def check_pins_written(self) -> None:

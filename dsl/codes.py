@@ -270,6 +270,18 @@ _CODES = [
         "conflicting sites",
         "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter).",
     ),
+    Code(
+        "CLK055",
+        "error",
+        "bad identity key",
+        "`[id(path)]` keys a dict entry by the identity of a module of the model: its path starts at the model's root and takes attribute and index steps only (no keys, no nested `id`), and it may appear only in a region's site.",
+    ),
+    Code(
+        "CLK056",
+        "error",
+        "bad initial state",
+        '`initial zeros` says a region\'s site may be absent at bind (the stock code creates it on its first call, reading zeros while it is absent): the region needs a site whose last step is a dict key (`["k"]` or `[id(...)]`) and `address pinned`.',
+    ),
     # ---- common syntax mistakes
     Code(
         "CLK060",
@@ -356,6 +368,30 @@ _CODES = [
         "warning",
         "pinned region never written",
         "No callable writes a pinned region, so nothing copies the stock code's new values into it.",
+    ),
+    Code(
+        "CLK506",
+        "warning",
+        "attended stride off the clock",
+        "A carry's attended stride differs from what the callable retaining it appends per call (its clock's rate per the callable's `per` clock): replay misses every extent the stream reaches off the declared stride.",
+    ),
+    Code(
+        "CLK507",
+        "warning",
+        "growing carry without attended",
+        "A region retained by writeback declares no `attended`: only its full extent is captured, so every call while it grows (and after a flush) runs eager.",
+    ),
+    Code(
+        "CLK508",
+        "warning",
+        "regions bound to nothing",
+        "Regions with no site that no callable reads, writes or retains, listed in one warning: bind() provides nothing for them, so they only document stock state (often a forgotten `site` or argument).",
+    ),
+    Code(
+        "CLK509",
+        "warning",
+        "contract without callables",
+        "A contract declares no callable: its adapter binds and replays nothing.",
     ),
 ]
 

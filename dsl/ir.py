@@ -55,8 +55,10 @@ MaxOf.model_rebuild()
 
 # ---------------------------------------------------------------- paths
 class PathStep(Node):
-    kind: Literal["attr", "key", "index"]
-    value: str | int
+    # identity: `[id(path)]`, the entry of a dict keyed by the identity of the module at
+    # `path` (a path from the model's root of attribute and index steps only)
+    kind: Literal["attr", "key", "index", "identity"]
+    value: Union[str, int, "Path"]
 
 
 class Path(Node):
@@ -70,9 +72,14 @@ class Path(Node):
                 out += f".{s.value}"
             elif s.kind == "key":
                 out += f'["{s.value}"]'
+            elif s.kind == "identity":
+                out += f"[id({s.value.dotted()})]"  # type: ignore[union-attr]
             else:
                 out += f"[{s.value}]"
         return out
+
+
+PathStep.model_rebuild()
 
 
 # ---------------------------------------------------------------- declarations
@@ -134,6 +141,9 @@ class Region(Node):
     # tensor at its site (no state rule), still pointer-checked as write-through
     allocate: Literal["demand", "stock"] = "demand"
     site: Path | None = None
+    # zeros: the site may be absent at bind (the stock creates it on its first call,
+    # reading zeros where it is absent); bind() creates it as the zeroed region
+    initial: Literal["zeros"] | None = None
     note: str | None = None
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
 
@@ -151,6 +161,9 @@ class TensorArg(Node):
     dims: tuple[Expr, ...]
     strides: tuple[Expr, ...] | None = None  # None: contiguous
     offset: Expr | None = None  # elements into its storage: the view's alignment class
+    # free: the caller passes views of any layout (a window moving over a longer tensor)
+    # and the callable's values do not depend on it; each call gets a contiguous copy
+    layout: Literal["exact", "free"] = "exact"
 
 
 class ScalarArg(Node):

@@ -87,6 +87,9 @@ class _ToIR(Transformer):
     def index_step(self, meta, c):
         return ir.PathStep(kind="index", value=int(c[0]), span=meta_span(meta))
 
+    def identity_step(self, meta, c):
+        return ir.PathStep(kind="identity", value=c[0], span=meta_span(meta))
+
     def path(self, meta, c):
         return ir.Path(root=str(c[0]), steps=tuple(c[1:]), span=meta_span(meta))
 
@@ -149,6 +152,7 @@ class _ToIR(Transformer):
     prop_address = _prop("address")
     prop_allocate = _prop("allocate")
     prop_site = _prop("site")
+    prop_initial = _prop("initial")
     prop_per = _prop("per")
     prop_effects = _prop("effects")
     prop_mode = _prop("mode")
@@ -199,6 +203,9 @@ class _ToIR(Transformer):
         return ir.TensorArg(
             dtype=str(c[0]), dims=c[1], strides=c[2], offset=c[3], span=meta_span(meta)
         )
+
+    def free_tensor_arg(self, meta, c):
+        return ir.TensorArg(dtype=str(c[0]), dims=c[1], layout="free", span=meta_span(meta))
 
     def scalar_arg(self, meta, c):
         return ir.ScalarArg(type=str(c[0]), span=meta_span(meta))

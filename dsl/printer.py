@@ -75,6 +75,8 @@ def _region(r: ir.Region) -> list[str]:
         out.append(f"  allocate {r.allocate}")
     if r.site:
         out.append(f"  site {path(r.site)}")
+    if r.initial is not None:
+        out.append(f"  initial {r.initial}")
     if r.note is not None:
         out.append(f'  note "{r.note}"')
     return out + ["}"]
@@ -85,6 +87,8 @@ def _arg_type(t) -> str:
         return f"region {t.region}" + (f"[{t.index}]" if t.index is not None else "")
     if isinstance(t, ir.TensorArg):
         text = f"{t.dtype} {dims(t.dims)}"
+        if t.layout == "free":
+            return text + " layout free"
         text += f" strides {dims(t.strides)}" if t.strides is not None else ""
         return text + (f" offset {expr(t.offset)}" if t.offset is not None else "")
     return t.type

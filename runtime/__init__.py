@@ -29,6 +29,8 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   undeclared   model tensors a contract leaves out, found before a second lane
   trees        tensor leaves of containers; state kept in a model's shared objects
   streams      StreamSpec: build a stock model, drive its loop (verify, draft)
+  calls        CallConvention: a caller's arguments in the contract's declared form
+  verify       verify_stream: a bound copy beside a stock copy, first divergence named
 """
 
 from .audit import AuditRecord, bitwise_equal, first_difference

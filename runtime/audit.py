@@ -74,3 +74,19 @@ class AuditRecord:
             f"{self.call} at index {self.index} (stock shape {self.expected_shape}, "
             f"writeback shape {self.actual_shape})"
         )
+
+
+def difference_box(a: torch.Tensor, b: torch.Tensor) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """For two tensors of one shape and dtype: how many elements differ bitwise, and
+    per dim the first and last index at which any does (the box holding every
+    difference). Reads tensor data; audit and verification paths only."""
+    ne = _as_bits(a) != _as_bits(b)
+    count = int(ne.sum())
+    if count == 0:
+        return 0, ()
+    box = []
+    for d in range(ne.dim()):
+        others = [i for i in range(ne.dim()) if i != d]
+        hit = (ne.any(dim=others) if others else ne).nonzero().flatten()
+        box.append((int(hit[0]), int(hit[-1])))
+    return count, tuple(box)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .backend import FakeGraphBackend
 from .binding import Binding, infer_device
 from .declared import ContractDecl
 from .determinism import apply_settings
@@ -66,9 +67,16 @@ def bind_contract(
 ) -> Binding:
     """Install ``decl`` on ``model`` and return the Binding (see module docstring).
 
-    ``backend``: a graph backend for every lane (tests pass ``FakeGraphBackend`` to
-    run admission and replay on the CPU); default CUDA graphs where available."""
-    require_sites(model, decl.sites_to_check())
+    ``backend``: ``None`` or ``"cuda"`` for CUDA graphs where available (elsewhere
+    every call runs eager, by design); ``"simulate"`` for the fake graph backend
+    (backend.py) on any device, so the real admission and signature policy runs, and
+    is reported, on a CPU before a GPU is at hand: it captures at bind (unless
+    ``capture=False``) and each "replay" calls the callable on the captured inputs;
+    or a ``GraphBackend`` object (tests)."""
+    backend, simulated = _backend(backend)
+    # a carry's site holds the primed stock state; binding before priming
+    # (capture=False) may precede it, so capture() checks those sites instead
+    require_sites(model, decl.sites_to_check(carries=capture))
     device = torch.device(device) if device is not None else infer_device(model)
     binding = Binding(
         decl.name,
@@ -91,9 +99,25 @@ def bind_contract(
             binding.eager[k.name] = k.eager_reason
         binding.remember(model, k.site, binding.stock_callables[k.name])
         set_at(model, k.site, Dispatcher(binding, k.name))
-    if capture and device.type == "cuda":
+    if capture and (device.type == "cuda" or simulated):
         binding.capture(progress=progress)
     return binding
+
+
+BACKENDS = ("cuda", "simulate")
+
+
+def _backend(backend: Any) -> tuple[Any, bool]:
+    """(the backend object or None, whether it is the simulated one bind named)."""
+    if backend is None or not isinstance(backend, str):
+        return backend, False
+    if backend == "cuda":
+        return None, False
+    if backend == "simulate":
+        return FakeGraphBackend(), True
+    raise ValueError(
+        f"backend {backend!r}: expected one of {', '.join(BACKENDS)} or a GraphBackend"
+    )
 
 
 def _install_constant(binding: Binding, c: Any) -> str:

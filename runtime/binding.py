@@ -18,6 +18,7 @@ its callers are serialised one level up (binder.Dispatcher).
 
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -27,7 +28,7 @@ import torch
 from duplexcadence.runtime.backend import drawing_from
 from duplexcadence.runtime.determinism import restore_settings
 from duplexcadence.runtime.regions import Region
-from duplexcadence.runtime.sites import Step, format_path, get_at, set_at
+from duplexcadence.runtime.sites import Step, format_path, get_at, require_sites, set_at
 from duplexcadence.runtime.telemetry import LOGGER
 
 
@@ -102,8 +103,15 @@ class Binding:
         bind() does this itself unless told `capture=False`, which lets serving code
         bind first (so the state rule sizes every buffer before the prompt is primed)
         and capture once the model is on its device and primed."""
+        require_sites(self.model, self.decl.sites_to_check())  # the carries' sites too
         for lane in self.lanes:
             lane.capture(progress=progress)
+        from duplexcadence.runtime.telemetry import capture_summary
+
+        line = capture_summary(self.contract, self.device, self.stats()["callables"], self.eager)
+        LOGGER.info(line)
+        if progress:  # the progress bars went to stderr too; progress=False is quiet
+            print(line, file=sys.stderr)
         return self
 
     @contextmanager
@@ -204,12 +212,23 @@ class Binding:
 
     def report(self, width: int = 120) -> str:
         """Regions, replays (hits, misses by reason, capture cost) and constants as text."""
-        from duplexcadence.runtime.telemetry import format_report
+        from duplexcadence.runtime.telemetry import eager_by_design, format_report, replay_lines
 
         lanes = f", {len(self.lanes)} lanes" if len(self.lanes) > 1 else ""
         lines = [f"duplexcadence binding of contract {self.contract} on {self.device}{lanes}"]
         merged = self.stats()["callables"]
-        lines.append(format_report([*merged.values(), *self.regions.values()], width=width))
+        if eager_by_design(merged):
+            # not a failure: say so instead of printing 0/N classes and miss counters
+            lines.append(
+                f"  no CUDA: eager by design: every call runs the stock code on {self.device} "
+                '(bind(..., backend="simulate") runs the replay policy here and reports it)'
+            )
+            for name, s in merged.items():
+                lines.append(f"  callable {name}: {s['calls']} calls, eager")
+            lines.append(format_report(list(self.regions.values()), width=width))
+        else:
+            lines.append(format_report([*merged.values(), *self.regions.values()], width=width))
+            lines.extend(replay_lines(merged))
         for name, why in self.eager.items():
             lines.append(f"  callable {name}: eager ({why})")
         for name, what in self.constants.items():

@@ -54,6 +54,9 @@ class RegionDecl:
     install: Install
     retention: Retention | None = None
     site: tuple[Step, ...] | None = None
+    # "zeros": the site may be absent at bind (the stock creates it on its first call and
+    # reads zeros until then); bind() allocates the region zeroed and creates the site
+    initial: Literal["zeros"] | None = None
 
     def __post_init__(self) -> None:
         _normalise(self, site=_steps(self.site))
@@ -121,10 +124,19 @@ class CallableDecl:
     writes: tuple[str, ...] = ()  # write-through regions (pointer-checked per call)
     pins: tuple[str, ...] = ()  # pinned regions this callable's stock code rebinds
     counters: tuple[Counter, ...] = ()
+    # `layout free` arguments, ("args" | "kwargs", steps): a view of any layout is
+    # replaced by a contiguous copy before the call is keyed (the contract states the
+    # callable's values do not depend on its layout), so the catalog names shapes only
+    layout_free: tuple[tuple[Literal["args", "kwargs"], tuple[Step, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         # a CatalogDecl (or any sequence) of classes is kept as the tuple it expands to
-        _normalise(self, site=_steps(self.site), classes=tuple(self.classes))
+        _normalise(
+            self,
+            site=_steps(self.site),
+            classes=tuple(self.classes),
+            layout_free=tuple((where, _steps(steps)) for where, steps in self.layout_free),
+        )
 
 
 @dataclass(frozen=True)
@@ -150,11 +162,20 @@ class ContractDecl:
     def __post_init__(self) -> None:
         _normalise(self, regions=dict(self.regions))  # a RegionTable as the dict it stands for
 
-    def sites_to_check(self) -> dict[str, tuple[Step, ...]]:
-        """Every site bind() must find before it changes anything."""
+    def sites_to_check(self, *, carries: bool = True) -> dict[str, tuple[Step, ...]]:
+        """Every site bind() must find before it changes anything. ``carries=False``
+        leaves out the carries' sites, for a bind before the stock state exists
+        (``capture=False``, before priming); ``Binding.capture()`` checks them then."""
         out: dict[str, tuple[Step, ...]] = {}
         for r in self.regions.values():
             if r.site is not None and r.install in ("allocate", "stock", "pinned"):
+                out[r.name] = r.site
+                if r.initial is not None:  # the site may be absent: its container must not
+                    out[r.name] = r.site[:-1]
+                    kind, module = r.site[-1]
+                    if kind == "identity":
+                        out[f"{r.name} (its key's module)"] = module
+            elif r.site is not None and r.install == "carry" and carries:
                 out[r.name] = r.site
         for k in self.callables:
             out[k.name] = k.site
@@ -166,8 +187,8 @@ class ContractDecl:
 
 # RegionSpec's fields and RegionDecl's, as a RegionTable names them; those absent are None
 _SPEC_FIELDS = ("dtype", "shape", "axis", "lifetime", "mutability")
-_DECL_FIELDS = ("install", "retention", "site")
-_OPTIONAL = frozenset({"axis", "retention", "site"})
+_DECL_FIELDS = ("install", "retention", "site", "initial")
+_OPTIONAL = frozenset({"axis", "retention", "site", "initial"})
 
 
 class RegionTable(Mapping[str, RegionDecl]):
@@ -175,8 +196,9 @@ class RegionTable(Mapping[str, RegionDecl]):
 
     ``common`` holds the fields every region shares, ``rows`` each region's own fields
     (name -> fields); a field is one of RegionSpec's (``dtype``, ``shape``, ``axis``,
-    ``lifetime``, ``mutability``) or RegionDecl's (``install``, ``retention``, ``site``).
-    ``axis``, ``retention`` and ``site`` may be absent (None); a field given in both
+    ``lifetime``, ``mutability``) or RegionDecl's (``install``, ``retention``, ``site``,
+    ``initial``). ``axis``, ``retention``, ``site`` and ``initial`` may be absent (None);
+    a field given in both
     ``common`` and a row is an error, not an override."""
 
     def __init__(self, common: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> None:

@@ -14,6 +14,13 @@ place cannot corrupt the cache.
 mode it runs as `istft_without_host_check`, the same ATen operations in the same
 order without that check, so the bytes are the same (verified on the GPU by the
 `cuda` tests). Model-agnostic: it names operators of torch, never of a model.
+
+Only a copy that leaves the host is served. On a host engine (the fake backend on the
+CPU) a `.to(cpu)` is no copy (stock returns the tensor itself), so nothing is hoisted
+there; and a tensor without bytes of its own (a functorch-wrapped tensor inside
+`torch.vmap`, as transformers builds attention masks) is a traced value, not a
+constant: it passes through, and if it really crosses to the device the capture fails
+closed on the copy itself.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class HostConstants(TorchFunctionMode):
     def __init__(self, device: torch.device):
         super().__init__()
         self.device = torch.device(device)
+        # a host engine has no host-to-device copy to hoist
+        self.hoists = self.device.type != "cpu"
         self.cache: dict[tuple, torch.Tensor] = {}
         self.created = 0
         self.served = 0
@@ -57,10 +66,12 @@ class HostConstants(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if (
-            func in _TO
+            self.hoists
+            and func in _TO
             and args
             and isinstance(args[0], torch.Tensor)
             and args[0].device.type == "cpu"
+            and _has_own_bytes(args[0])
         ):
             src = args[0]
             if func is torch.Tensor.cuda:
@@ -73,7 +84,7 @@ class HostConstants(TorchFunctionMode):
                     return self._serve(
                         src.to(dtype) if dtype is not None else src, lambda: func(*args, **kwargs)
                     )
-        if func in _FACTORIES:
+        if self.hoists and func in _FACTORIES:
             device = kwargs.get("device")
             if device is not None and _same_device(torch.device(device), self.device):
                 host_kwargs = {**kwargs, "device": "cpu"}
@@ -83,6 +94,12 @@ class HostConstants(TorchFunctionMode):
             self.istft_calls += 1
             return istft_without_host_check(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+def _has_own_bytes(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds its values in a storage of its own (a functorch-wrapped tensor,
+    e.g. vmap's batched tensor, has none: its values exist only per batch entry)."""
+    return not torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from .backend import CudaGraphBackend, FakeGraphBackend, GraphBackend, lane_generator
+from .calls import convention_of
 from .carry import CarryRegion
 from .counters import HostCounter
 from .declared import Aliased, CallableDecl
@@ -72,6 +73,12 @@ class Lane:
         self.engines: dict[str, ExactShapeReplay] = {}
         self.bodies: dict[str, Callable] = {}
         self._callables = {k.name: k for k in binding.decl.callables}
+        # each callable's declared argument form (calls.py): a caller may pass an `arg`
+        # by keyword or a `kwarg` by position; the catalog and the aliasing see one form
+        self._conventions = {
+            k.name: convention_of(binding.stock_callables[k.name], k.classes, k.aliased)
+            for k in binding.decl.callables
+        }
         self._make_regions()
         for k in binding.decl.callables:
             self._make_callable(k)
@@ -87,6 +94,8 @@ class Lane:
                 if self.owns_sites and r.site is not None and has_site(model, r.site):
                     update_at(model, r.site, carry.adopt)
                 self.regions[r.name] = carry
+            elif r.install == "pinned" and r.initial is not None:
+                self.regions[r.name] = self._pinned_zeros(r)
             elif r.install in ("stock", "pinned"):
                 if not self.owns_sites:
                     raise LaneError(
@@ -99,6 +108,24 @@ class Lane:
                 if self.owns_sites and r.site is not None:
                     b.install_region(r.site, region)
                 self.regions[r.name] = region
+
+    def _pinned_zeros(self, r: Any) -> Region:
+        """A pinned region that starts as zeros (`initial zeros`): allocated compact at
+        its demand shape, holding the stock's state where the site already exists (the
+        stock's view may keep a whole activation alive), and put at the site, creating it
+        where it is absent (what the stock's first call would read: zeros)."""
+        b = self.binding
+        if not self.owns_sites:
+            raise LaneError(
+                f"region {r.name} is pinned at its site: a second lane cannot have its own; "
+                "serve sessions on one lane"
+            )
+        region = Region.allocate(r.spec, b.device)
+        if has_site(b.model, r.site):
+            with torch.no_grad():
+                region.tensor.copy_(get_at(b.model, r.site))
+        set_at(b.model, r.site, region.tensor)
+        return region
 
     def _make_callable(self, k: CallableDecl) -> None:
         if k.counters and not self.owns_sites:
@@ -203,10 +230,16 @@ class Lane:
     # ------------------------------------------------------------------ calls
     def call(self, name: str, args: tuple, kwargs: dict, session: Any) -> Any:
         k = self._callables[name]
+        convention = self._conventions[name]
+        if convention is not None:
+            args, kwargs = convention.normalise(args, kwargs)
         args_list = list(args)
         for a in k.aliased:
             container = args_list if a.container == "args" else kwargs
             update_at(container, a.steps, lambda t, a=a: self._adopt(a, t, session))
+        for where, steps in k.layout_free:
+            container = args_list if where == "args" else kwargs
+            update_at(container, steps, _contiguous)
         fn = self.engines.get(name) or self.bodies[name]
         # hot callables are inference-only: a replay carries no autograd history
         with torch.inference_mode():
@@ -230,3 +263,10 @@ class Lane:
 
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self.regions.values())
+
+
+def _contiguous(t: Any) -> Any:
+    """A `layout free` argument as the catalog describes it: contiguous, offset 0."""
+    if isinstance(t, torch.Tensor) and (not t.is_contiguous() or t.storage_offset()):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t

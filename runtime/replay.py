@@ -90,6 +90,12 @@ class _Entry:
     name: str = ""  # the class name, with its autocast state when several are declared
 
 
+# Misses kept with their detail per engine (binding.report() lists them); later ones
+# are counted only. Reasons that are no contract problem are never listed.
+MISS_LOG_LIMIT = 100
+_EAGER_BY_DESIGN = frozenset({R.NO_CUDA, R.DISABLED})
+
+
 def _buffer_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
 
@@ -140,6 +146,10 @@ class ExactShapeReplay:
         self.hits = 0
         self.misses: Counter[str] = Counter()
         self.miss_details: dict[str, str] = {}  # the first miss of each reason, explained
+        # every miss, explained (call number, reason, leaf detail), up to MISS_LOG_LIMIT
+        # entries: what a contract author reads to see why a call did not replay
+        self.miss_log: list[tuple[int, str, str]] = []
+        self.calls = 0
         self.invalidations = 0
         self.invalidation_log: list[str] = []
         # one entry per (class, declared ambient state), class-major
@@ -348,12 +358,16 @@ class ExactShapeReplay:
 
     # ================================================================== calls
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
         if not replay_enabled():
             return self._eager(R.DISABLED, args, kwargs)
         if self.rejected is not None:
             return self._eager(self.rejected, args, kwargs)
         if not self.captured:
-            return self._eager(R.NOT_CAPTURED, args, kwargs)
+            # without a backend that can capture here (a CPU binding) nothing ever will:
+            # eager by design, not a capture that is still pending
+            reason = R.NOT_CAPTURED if self.backend.available(self.device) else R.NO_CUDA
+            return self._eager(reason, args, kwargs)
         if torch.is_grad_enabled():
             return self._eager(R.GRAD_ENABLED, args, kwargs)
         for counter in self.counters:
@@ -423,8 +437,11 @@ class ExactShapeReplay:
     ) -> Any:
         self.misses[reason] += 1
         strict = reason != R.DISABLED and strict_mode()
-        if self.misses[reason] == 1 or strict:
+        logged = len(self.miss_log) < MISS_LOG_LIMIT and reason not in _EAGER_BY_DESIGN
+        if self.misses[reason] == 1 or strict or logged:
             text = detail() if detail is not None else ""
+            if logged:
+                self.miss_log.append((self.calls, reason, text))
             if self.misses[reason] == 1:
                 self.miss_details[reason] = text
                 LOGGER.info(
@@ -504,6 +521,11 @@ class ExactShapeReplay:
             "hits": self.hits,
             "misses": dict(self.misses),
             "miss_details": dict(self.miss_details),
+            "miss_log": [
+                {"call": call, "reason": reason, "detail": detail}
+                for call, reason, detail in self.miss_log
+            ],
+            "calls": self.calls,
             "ambient": [a.label for a in self.ambient],
             "host_constants": {
                 "device_buffers": len(self.host_constants.cache),

@@ -1,8 +1,9 @@
 """Binding sites: a closed language of paths into a model object and call arguments/results.
 
-A path is a tuple of steps, each `("attr", name)`, `("key", key)` or
-`("index", i)`, exactly as a contract writes `flow.decoder.att_cache_buffer`,
-`cache["estimator_att_cache"]` or `result[1]`. Generated adapters use these to
+A path is a tuple of steps, each `("attr", name)`, `("key", key)`,
+`("index", i)` or `("identity", module_path)`, exactly as a contract writes
+`flow.decoder.att_cache_buffer`, `cache["estimator_att_cache"]`, `result[1]` or
+`states[id(vae.decoder.model[2])]`. Generated adapters use these to
 install regions and wrappers; nothing here knows any model.
 
 Contract of this layer: a path only ever reaches the object's *own* tree.
@@ -12,7 +13,9 @@ Contract of this layer: a path only ever reaches the object's *own* tree.
     property. The one exception is the last step of a read, which may also be a
     method bound to that very object (`flow.inference_chunk`).
   * An item step indexes only a plain container (dict, list, tuple, torch's
-    module containers).
+    module containers). An identity step indexes only a dict, by `id()` of the
+    `torch.nn.Module` its own path (attribute and index steps, from the same root,
+    under these same rules) reaches: how vendor code keys per-layer state.
   * No step passes *through* a module, a class, a function or method, a builtin,
     a frame, code, generator or traceback, a descriptor, a mapping proxy or a
     tensor (a tensor is a leaf).
@@ -24,6 +27,7 @@ site and the step, raised before anything is changed (`require_sites`).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import re
@@ -99,18 +103,40 @@ def _enter(cur: Any, kind: str, value: Any) -> None:
     elif kind in ("key", "index"):
         if not isinstance(cur, _CONTAINERS):
             raise SiteError(f"{type(cur).__name__} is not a plain container (dict, list, tuple)")
+    elif kind == "identity":
+        if not isinstance(cur, dict):
+            raise SiteError(f"{type(cur).__name__} is not a dict (an identity key indexes a dict)")
     else:
         raise SiteError(f"unknown step kind {kind!r}")
 
 
-def _step(cur: Any, kind: str, value: Any, *, last_read: bool) -> Any:
+def identity_key(root: Any, module_path: Any) -> int:
+    """`id()` of the module at `module_path` from `root` (attribute and index steps)."""
+    if not isinstance(module_path, tuple) or any(
+        not isinstance(s, tuple) or len(s) != 2 or s[0] not in ("attr", "index")
+        for s in module_path
+    ):
+        raise SiteError("an identity key's path takes attribute and index steps only")
+    module = _walk(root, module_path, what="identity key", last_read=False)
+    if not isinstance(module, torch.nn.Module):
+        raise SiteError(f"an identity key names a module, not {type(module).__name__}")
+    return id(module)
+
+
+def _step(cur: Any, kind: str, value: Any, *, last_read: bool, root: Any = None) -> Any:
     """Resolve one step from `cur`, or raise SiteError with the reason."""
     _enter(cur, kind, value)
+    if kind == "identity":
+        try:
+            return cur[identity_key(root, value)]
+        except KeyError as exc:
+            raise SiteError(f"no entry for the module at {format_path(value)}") from exc
     if kind != "attr":
         try:
             return cur[value]
         except (KeyError, IndexError, TypeError) as exc:
-            raise SiteError(f"no item {value!r}") from exc
+            keys = cur.keys() if isinstance(cur, dict) else ()
+            raise SiteError(f"no item {value!r}{_did_you_mean(value, keys)}") from exc
     if _own_attribute(cur, value):
         return getattr(cur, value)
     if last_read:  # a method bound to this very object: `flow.inference_chunk`
@@ -118,9 +144,26 @@ def _step(cur: Any, kind: str, value: Any, *, last_read: bool) -> Any:
         if isinstance(bound, types.MethodType) and bound.__self__ is cur:
             return bound
     raise SiteError(
-        f"{type(cur).__name__} holds no attribute {value!r} of its own "
-        "(class attributes and properties are not sites)"
+        f"{type(cur).__name__} holds no attribute {value!r} of its own"
+        f"{_did_you_mean(value, _own_names(cur))} (class attributes and properties are not sites)"
     )
+
+
+def _own_names(obj: Any) -> list[str]:
+    """The attribute names a site step may take from `obj` (see `_own_attribute`)."""
+    names = list(getattr(obj, "__dict__", {}) or {})
+    if isinstance(obj, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            names += list(obj.__dict__.get(table, {}))
+    return [n for n in names if isinstance(n, str) and not n.startswith("__")]
+
+
+def _did_you_mean(value: Any, candidates: Any) -> str:
+    """' (did you mean 'x'?)' for the nearest existing name, so a misspelled site is
+    refused with its fix; '' when nothing is close."""
+    names = [c for c in candidates if isinstance(c, str)]
+    close = difflib.get_close_matches(str(value), names, n=1) if names else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def get_at(obj: Any, steps: tuple[Step, ...], *, what: str = "site") -> Any:
@@ -128,11 +171,14 @@ def get_at(obj: Any, steps: tuple[Step, ...], *, what: str = "site") -> Any:
     return _walk(obj, steps, what=what, last_read=True)
 
 
-def _walk(obj: Any, steps: tuple[Step, ...], *, what: str, last_read: bool) -> Any:
+def _walk(
+    obj: Any, steps: tuple[Step, ...], *, what: str, last_read: bool, root: Any = None
+) -> Any:
     cur = obj
+    root = obj if root is None else root
     for i, (kind, value) in enumerate(steps):
         try:
-            cur = _step(cur, kind, value, last_read=last_read and i == len(steps) - 1)
+            cur = _step(cur, kind, value, last_read=last_read and i == len(steps) - 1, root=root)
         except SiteError as exc:
             raise SiteError(
                 f"{what} {format_path(steps)}: cannot resolve step "
@@ -150,7 +196,9 @@ def set_at(obj: Any, steps: tuple[Step, ...], value: Any, *, what: str = "site")
     kind, key = steps[-1]
     try:
         _enter(parent, kind, key)
-        if kind == "key" or kind == "index":
+        if kind == "identity":
+            parent[identity_key(obj, key)] = value
+        elif kind == "key" or kind == "index":
             if isinstance(parent, tuple):
                 raise SiteError("a tuple cannot be assigned in place")
             parent[key] = value
@@ -190,25 +238,37 @@ def format_path(steps: tuple[Step, ...]) -> str:
             out += ("." if out else "") + str(value)
         elif kind == "key":
             out += f'["{value}"]'
+        elif kind == "identity":
+            out += f"[id({format_path(value)})]"
         else:
             out += f"[{value}]"
     return out or "<root>"
 
 
 # One step as `format_path` spells it: `name` first, `.name` after, `["key"]` (a key holds
-# no `"`: the contract grammar's strings cannot), `[index]`.
+# no `"`: the contract grammar's strings cannot), `[index]`, and `[id(` opening an identity
+# key whose module path runs to its `)]`.
 _PATH_STEP = re.compile(
     r'(?P<dot>\.)?(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\["(?P<key>[^"]*)"\]|\[(?P<index>[0-9]+)\]'
+    r"|(?P<identity>\[id\()"
 )
 
 
 def parse_path(text: str) -> tuple[Step, ...]:
     """The steps of a dotted path, the inverse of `format_path`: generated code spells
-    sites as `"flow.decoder.att_cache_buffer"`, `'stream_cache["estimator_att_cache"]'`
-    or `"[1]"`. Anything else is a ValueError (nothing is evaluated)."""
+    sites as `"flow.decoder.att_cache_buffer"`, `'stream_cache["estimator_att_cache"]'`,
+    `"[1]"` or `"stream._states[id(vae.decoder.model[2])]"`. Anything else is a
+    ValueError (nothing is evaluated)."""
+    steps, pos = _parse_steps(text, 0, nested=False)
+    return steps
+
+
+def _parse_steps(text: str, pos: int, *, nested: bool) -> tuple[tuple[Step, ...], int]:
+    """The steps from `pos` to the end of `text` (or, `nested`, to the `)]` closing an
+    identity key), and the position after them."""
     steps: list[Step] = []
-    pos = 0
-    while pos < len(text):
+    start = pos
+    while pos < len(text) and not (nested and text.startswith(")]", pos)):
         m = _PATH_STEP.match(text, pos)
         if m is None or (m["attr"] is not None and bool(m["dot"]) != bool(steps)):
             raise ValueError(f"not a site path: {text!r} (at character {pos})")
@@ -216,12 +276,19 @@ def parse_path(text: str) -> tuple[Step, ...]:
             steps.append(("attr", m["attr"]))
         elif m["key"] is not None:
             steps.append(("key", m["key"]))
-        else:
+        elif m["index"] is not None:
             steps.append(("index", int(m["index"])))
+        else:
+            module, end = _parse_steps(text, m.end(), nested=True)
+            if not text.startswith(")]", end):
+                raise ValueError(f"not a site path: {text!r} (an unclosed [id( at {pos})")
+            steps.append(("identity", module))
+            pos = end + 2
+            continue
         pos = m.end()
     if not steps:
-        raise ValueError("not a site path: an empty path")
-    return tuple(steps)
+        raise ValueError(f"not a site path: an empty path in {text!r} (at character {start})")
+    return tuple(steps), pos
 
 
 def update_at(container: Any, steps: tuple[Step, ...], fn) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["StreamSpec", "StreamSpecError", "load_stream_spec"]
+__all__ = ["StreamSpec", "StreamSpecError", "load_stream_spec", "load_target"]
 
 
 @dataclass(frozen=True)
@@ -41,23 +41,26 @@ class StreamSpecError(ValueError):
     """A `module:function` target that does not name a StreamSpec factory."""
 
 
-def load_stream_spec(target: str) -> StreamSpec:
-    """Import `package.module:function` and call it; it must return a `StreamSpec`."""
+def load_target(target: str, expected: type, error: type[ValueError] = ValueError) -> Any:
+    """Import `package.module:function`, call it, and check it returned an `expected`
+    (the one convention by which tools name user code: streams here, served models in
+    runtime/serve)."""
     module_name, sep, function_name = target.partition(":")
     if not sep or not module_name or not function_name:
-        raise StreamSpecError(f"stream target {target!r}: expected 'package.module:function'")
+        raise error(f"target {target!r}: expected 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise StreamSpecError(f"stream target {target!r}: {error}") from None
+    except ImportError as e:
+        raise error(f"target {target!r}: {e}") from None
     factory = getattr(module, function_name, None)
     if not callable(factory):
-        raise StreamSpecError(
-            f"stream target {target!r}: {module_name} has no callable {function_name!r}"
-        )
-    spec = factory()
-    if not isinstance(spec, StreamSpec):
-        raise StreamSpecError(
-            f"stream target {target!r} returned {type(spec).__name__}, not a StreamSpec"
-        )
-    return spec
+        raise error(f"target {target!r}: {module_name} has no callable {function_name!r}")
+    made = factory()
+    if not isinstance(made, expected):
+        raise error(f"target {target!r} returned {type(made).__name__}, not a {expected.__name__}")
+    return made
+
+
+def load_stream_spec(target: str) -> StreamSpec:
+    """Import `package.module:function` and call it; it must return a `StreamSpec`."""
+    return load_target(target, StreamSpec, StreamSpecError)

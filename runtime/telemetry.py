@@ -28,7 +28,15 @@ def merge_lane_stats(per_lane: list[dict]) -> dict:
     if len(per_lane) == 1:
         return per_lane[0]
     out = dict(per_lane[0])
-    for key in ("hits", "eager_calls", "invalidations", "warmup_s", "capture_s", "staging_bytes"):
+    for key in (
+        "hits",
+        "calls",
+        "eager_calls",
+        "invalidations",
+        "warmup_s",
+        "capture_s",
+        "staging_bytes",
+    ):
         out[key] = sum(s[key] for s in per_lane)
     for key in ("capture_allocated_bytes", "capture_reserved_bytes"):
         vals = [s[key] for s in per_lane if s[key] is not None]
@@ -41,6 +49,7 @@ def merge_lane_stats(per_lane: list[dict]) -> dict:
         for reason, text in s["miss_details"].items():
             details.setdefault(reason, text)
     out["misses"], out["miss_details"] = misses, details
+    out["miss_log"] = [dict(m, lane=i) for i, s in enumerate(per_lane) for m in s["miss_log"]]
     out["classes"] = [
         dict(c, hits=sum(s["classes"][i]["hits"] for s in per_lane))
         for i, c in enumerate(per_lane[0]["classes"])
@@ -138,3 +147,45 @@ def format_report(items: Iterable[object], width: int = 120) -> str:
             )
         console.print(rt)
     return buf.getvalue()
+
+
+def eager_by_design(callables: dict) -> bool:
+    """True when no callable could ever replay here: every engine's backend can not
+    capture on this device (a CPU binding without ``backend="simulate"``)."""
+    return bool(callables) and all(
+        s["rejected"] == "no_cuda" or (not s["captured"] and set(s["misses"]) <= {"no_cuda"})
+        for s in callables.values()
+    )
+
+
+def replay_lines(callables: dict) -> list[str]:
+    """Per callable: calls replayed out of calls made, then every logged miss with the
+    argument leaf that kept it out of replay (``ExactShapeReplay.miss_log``)."""
+    lines = []
+    for name, s in callables.items():
+        calls = s["calls"]
+        rate = f" ({100 * s['hits'] / calls:.0f}%)" if calls else ""
+        lines.append(f"  callable {name}: {s['hits']}/{calls} calls replayed{rate}")
+        for m in s["miss_log"]:
+            detail = f": {m['detail']}" if m["detail"] else ""
+            lines.append(f"    call {m['call']} ran eager ({m['reason']}){detail}")
+        shown = len(s["miss_log"])
+        if s["eager_calls"] > shown:
+            lines.append(f"    ... {s['eager_calls'] - shown} more eager calls, by reason above")
+    return lines
+
+
+def capture_summary(contract: str, device: object, callables: dict, eager: dict) -> str:
+    """The one line bind() prints after capturing (stderr, unless ``progress=False``)."""
+    entries = [c for s in callables.values() for c in s["classes"]]
+    captured = sum(c["status"] == "captured" for c in entries)
+    backends = sorted({s["backend"] for s in callables.values()}) or ["-"]
+    seconds = sum(s["capture_s"] + s["warmup_s"] for s in callables.values())
+    rejected = [f"{n} ({s['rejected']})" for n, s in callables.items() if s["rejected"]]
+    tail = f"; rejected: {', '.join(rejected)}" if rejected else ""
+    tail += f"; left eager: {', '.join(eager)}" if eager else ""
+    return (
+        f"duplexcadence: {contract} on {device} ({'/'.join(backends)}): captured "
+        f"{captured}/{len(entries)} classes of {len(callables)} callables in {seconds:.2f} s"
+        f"{tail}; binding.report() lists hits and misses"
+    )

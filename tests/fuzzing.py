@@ -22,12 +22,8 @@ Properties (`run_one`), for every input:
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
 import random
 import re
-import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -38,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
 from duplexcadence.compiler.driver import Result, check_source, compile_source
+from duplexcadence.compiler.loader import forget, import_generated
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.parser import _parser
 
@@ -202,9 +199,6 @@ class PropertyFailure(AssertionError):
     pass
 
 
-_counter = itertools.count()
-
-
 def run_one(text: str, *, bind: bool = True) -> Outcome:
     """Run every property on one input; never raises (the failure is in the outcome)."""
     out = Outcome()
@@ -257,33 +251,14 @@ def _bind_bytes(r: Result) -> int:
 
 def import_package(files: dict[str, str]):
     """Import a generated package from a temporary folder under a fresh name."""
-    name = f"fuzzpkg_{next(_counter)}"
-    folder = Path(tempfile.mkdtemp(prefix="clockc_fuzz_")) / name
-    folder.mkdir()
-    for fname, source in files.items():
-        (folder / fname).write_text(source)
-    spec = importlib.util.spec_from_file_location(
-        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        _forget(name)
-        raise
-    return name, module
-
-
-def _forget(name: str) -> None:
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
+    module = import_generated(files, prefix="fuzzpkg")
+    return module.__name__, module
 
 
 def bind_on_fake_model(r: Result) -> None:
     from duplexcadence.runtime import materialize
 
-    name, adapter = import_package(r.files)
+    _, adapter = import_package(r.files)
     try:
         model, stock_callables = FakeModel.build(r)
         binding = adapter.bind(model, device="cpu", progress=False)
@@ -302,7 +277,7 @@ def bind_on_fake_model(r: Result) -> None:
             if _get(model, k.site) is not stock_callables[k.name]:
                 raise PropertyFailure(f"unbind() did not restore callable {k.name}")
     finally:
-        _forget(name)
+        forget(adapter)
 
 
 def _steps(path: ir.Path) -> list[tuple[str, object]]:
@@ -312,6 +287,8 @@ def _steps(path: ir.Path) -> list[tuple[str, object]]:
 def _get(model, path: ir.Path):
     node = model
     for kind, key in _steps(path):
+        if kind == "identity":  # `[id(path)]`: keyed by the module at that path
+            key = id(_get(model, key))
         node = getattr(node, key) if kind == "attr" else node[key]
     return node
 
@@ -329,8 +306,22 @@ class FakeModel:
         regions = {x.name: x for x in r.analysis.regions}
         numbers = r.checked.regions
 
+        def module_at(path: ir.Path) -> torch.nn.Module:
+            """The module an identity key names: placed at its path where absent."""
+            try:
+                found = _get(root, path)
+            except (AttributeError, KeyError, IndexError, TypeError):
+                found = None
+            if not isinstance(found, torch.nn.Module):
+                found = torch.nn.Module()
+                place(path, found)
+            return found
+
         def place(path: ir.Path, value) -> None:
-            steps = _steps(path)
+            steps = [
+                (kind, id(module_at(key)) if kind == "identity" else key)
+                for kind, key in _steps(path)
+            ]
             node = root
             for kind, key in steps[:-1]:
                 nxt = getattr(node, key, None) if kind == "attr" else node.get(key)

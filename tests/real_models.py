@@ -68,3 +68,17 @@ def recording(obj: Any, steps: tuple) -> Iterator[list[tuple[tuple, tuple]]]:
             set_at(obj, steps, stock)
         else:
             delattr(parent, name)
+
+
+def contract_bytes_per_session(contract: str) -> int:
+    """The bytes per session clockc plans for ``contracts/<contract>.clock``
+    (compiler/plan.py: regions of lifetime turn or session)."""
+    from pathlib import Path
+
+    from duplexcadence.compiler.driver import read_and_compile
+    from duplexcadence.compiler.plan import footprint
+
+    path = Path(__file__).resolve().parents[1] / "contracts" / f"{contract}.clock"
+    result = read_and_compile(path, emit=False)
+    assert result.ok and result.checked is not None and result.analysis is not None
+    return footprint(result.checked, result.analysis).per_session_bytes

@@ -203,7 +203,8 @@ def test_deep_expressions(expr):
     began = time.perf_counter()
     result = check_source(text, "deep.clock")
     assert time.perf_counter() - began < 1
-    assert [d.code for d in result.diagnostics] in (["CLK008"], [])
+    # accepted, the header-only contract warns that it declares no callable (CLK509)
+    assert [d.code for d in result.diagnostics] in (["CLK008"], ["CLK509"])
 
 
 def test_slot_index_on_a_region_without_dims():

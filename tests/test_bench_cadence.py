@@ -249,3 +249,30 @@ def test_a_small_sweep_of_real_workers(tmp_path):
     assert set(doc["arms"]) == {"stock_procs", "forgetful_inproc", "stock_inproc"}
     assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
     assert len(doc["commands"]) == 2 and sum(bool(r.get("reference")) for r in doc["runs"]) == 1
+
+
+def test_serve_summary_reads_the_serve_arms():
+    """bench.sessions_serve summarise: gpus_1/gpus_2 from the sweep's arms and per-N
+    points, the 2-over-1 scaling, and the Ray path's added p95 at common N."""
+    from bench.sessions_serve import summarise
+
+    doc = {
+        "arms": {
+            "serve_gpus_1": {"max_sessions_at_cadence": 40, "all_sessions_exact": True},
+            "serve_gpus_2": {"max_sessions_at_cadence": 80, "all_sessions_exact": False},
+        },
+        "per_n": {
+            "serve_gpus_1": {"16": {"p95_ms": 120.0}, "40": {"p95_ms": 700.0}},
+            "serve_gpus_2": {"80": {"p95_ms": 650.0}, "88": {"p95_ms": 1500.0}},
+            "adapter_lanes": {"16": {"p95_ms": 112.5}},
+        },
+    }
+    out = summarise(doc)
+    assert out["gpus_1"] == {
+        "max_sessions_at_cadence": 40,
+        "p95_ms": 700.0,
+        "all_sessions_exact": True,
+        "arm": "serve_gpus_1",
+    }
+    assert out["gpus_2"]["p95_ms"] == 650.0 and out["gpus_2"]["all_sessions_exact"] is False
+    assert out["scaling_2_over_1"] == 2.0 and out["ray_added_p95_ms"] == {"16": 7.5}

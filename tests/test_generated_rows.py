@@ -46,8 +46,10 @@ def _analysed(path: Path):
 
 
 def _steps(path: ir.Path, head: tuple | None = None) -> tuple:
+    """A contract path as runtime steps; an identity key's module path as nested steps."""
     first = [("attr", path.root)] if head is None else [head]
-    return tuple(first + [(s.kind, s.value) for s in path.steps])
+    value = lambda s: _steps(s.value) if isinstance(s.value, ir.Path) else s.value  # noqa: E731
+    return tuple(first + [(s.kind, value(s)) for s in path.steps])
 
 
 def _leaf(arg: ir.Arg, cls, checked):
@@ -116,6 +118,7 @@ def test_region_table_and_dotted_sites_expand_to_the_declared_values(path):
         assert got.spec == spec and got.install == installs[r.name]
         assert got.retention == (None if numbers is None else retention[numbers[0]](*numbers[1]))
         assert got.site == (None if r.site is None else _steps(r.site))
+        assert got.initial == r.initial  # `initial zeros`, None where the contract says none
     for k, decl in zip(
         sorted(checked.contract.callables, key=lambda k: k.name), declared.callables
     ):
@@ -127,6 +130,15 @@ def test_region_table_and_dotted_sites_expand_to_the_declared_values(path):
             assert aliased.steps == _steps(a.path, head)
         assert [r.steps for r in decl.retains] == [_steps(r.source)[1:] for r in k.retains]
         assert [n.site for n in decl.counters] == [_steps(n.site) for n in k.counters]
+        free = [a for a in k.args if getattr(a.type, "layout", None) == "free"]
+        assert decl.layout_free == tuple(
+            (
+                ("kwargs", _steps(a.path, ("key", a.path.root)))
+                if a.keyword
+                else ("args", _steps(a.path, ("index", positional.index(a))))
+            )
+            for a in free
+        )
     for c, h in zip(declared.constants, sorted(checked.contract.constants, key=lambda h: h.name)):
         assert c.site == (None if h.site is None else _steps(h.site))
 
@@ -140,14 +152,34 @@ _STEP = st.one_of(
 )
 
 
-@given(st.lists(_STEP, min_size=1, max_size=6))
+# `states[id(path)]`: an identity key's module path takes attribute and index steps
+_MODULE_PATH = st.lists(
+    st.one_of(_STEP.filter(lambda s: s[0] != "key")), min_size=1, max_size=4
+).map(tuple)
+_ANY_STEP = st.one_of(_STEP, st.tuples(st.just("identity"), _MODULE_PATH))
+
+
+@given(st.lists(_ANY_STEP, min_size=1, max_size=6))
 def test_dotted_sites_round_trip(steps):
-    """Every path a contract can write (keys in the grammar's string set) reads back."""
+    """Every path a contract can write (keys in the grammar's string set, identity keys
+    by module path) reads back."""
     assert parse_path(format_path(tuple(steps))) == tuple(steps)
 
 
+def test_identity_site_reads_back_as_nested_steps():
+    text = "stream._states[id(vae.decoder.model[2].block[1])]"
+    module = (("attr", "vae"), ("attr", "decoder"), ("attr", "model"), ("index", 2))
+    assert parse_path(text) == (
+        ("attr", "stream"),
+        ("attr", "_states"),
+        ("identity", module + (("attr", "block"), ("index", 1))),
+    )
+
+
 @pytest.mark.parametrize(
-    "text", ["", ".a", "a..b", "a.", 'a["b]', "a[-1]", "a[x]", "a.__class__x y", "a b", "a[1"]
+    "text",
+    ["", ".a", "a..b", "a.", 'a["b]', "a[-1]", "a[x]", "a.__class__x y", "a b", "a[1"]
+    + ["a[id(b)", "a[id()]", "a[id(b)]]", "a[id(.b)]", "a[id b]", "a[id(b))"],
 )
 def test_malformed_dotted_sites_are_refused(text):
     with pytest.raises(ValueError):

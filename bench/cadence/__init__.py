@@ -15,29 +15,11 @@ process. Per arm: the largest N with zero misses over a run of at least 60 s. Wr
 peak_gib_at_max, all_sessions_exact, sessions_hashed, ...}}, ``per_n``, ``runs``),
 ``<out>.md`` and ``<out>.png`` (p95 latency vs N per arm).
 
-The interface a session workload implements (``workload.py``): a module with a
-``SESSIONS = SessionWorkload(...)`` (or ``--workload module:ATTR``) declaring
-
-* ``name``; ``arms``: ``Arm(name, shape, what, options={}, needs_cuda=False, env={})``
-  with ``shape`` ``"inproc"`` (one worker process hosts all N sessions, one client
-  thread each) or ``"procs"`` (N worker processes of one session each, released
-  together); ``reference``: the arm whose solo run is each session's reference (stock);
-  ``streams``: the outputs hashed per session, ``bench.harness.Stream(name, dtype, key,
-  step_key)``; ``base_env``: environment for every worker (``NO_TORCH_COMPILE``...);
-* ``server(arm, device)``: called once per worker process, outside the measurement
-  (load weights, bind, capture, make lanes from ``arm.options``), returning a server
-  with ``open(spec) -> session``, ``submit(session, chunk) -> {stream: array}`` (returns
-  once the chunk's output is ready on the host), ``reset(session)`` (a new turn, in
-  place), ``close(session)`` and optionally ``stats() -> dict``. ``spec`` is a
-  ``trace.SessionSpec`` (``index``, ``seed``: the session's own inputs, ``arrival_s``,
-  ``chunks``); ``chunk`` a ``trace.Chunk`` (``seq`` indexes the session's inputs,
-  ``turn``, ``k`` within the turn, ``last_in_turn``, ``reset``). Inputs and outputs must
-  be a function of the spec alone (the session's seed and chunk positions), so the
-  bytes are comparable across arms, N and interleavings. ``inproc`` servers are called
-  from several threads at once and serialise or dispatch onto lanes themselves.
-
-The determinism envelope is pinned in every worker (``pin_determinism``), as in
-``bench.harness``. ``tests/fake_sessions.py`` is a complete small example.
+A session workload (``workload.py``: ``SessionWorkload``, ``Arm``, ``Server``) is a
+module with ``SESSIONS = SessionWorkload(...)`` (or ``--workload module:ATTR``); its
+inputs and outputs must be a function of the session's spec alone, so bytes compare
+across arms, N and interleavings. ``tests/fake_sessions.py`` is a complete small example.
+Every worker runs under the runtime's ``pin_determinism``, as in ``bench.harness``.
 """
 
 from .trace import Chunk, SessionSpec, TraceSettings, session, trace

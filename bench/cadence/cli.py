@@ -22,15 +22,9 @@ TRACE_FLAGS = ("trace_seed", "duration", "period", "ramp", "turn_chunks", "silen
 
 
 def trace_settings(args: argparse.Namespace) -> TraceSettings:
-    return TraceSettings(
-        args.trace_seed,
-        args.duration,
-        args.period,
-        args.ramp,
-        tuple(args.turn_chunks),
-        tuple(args.silence),
-        args.p_reset,
-    )
+    """The flags in ``TRACE_FLAGS`` order, which is ``TraceSettings``' field order."""
+    values = (getattr(args, k) for k in TRACE_FLAGS)
+    return TraceSettings(*(tuple(v) if isinstance(v, list) else v for v in values))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,9 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", required=True, help="module[:ATTR] of a SessionWorkload")
     p.add_argument("--arms", help="comma-separated arms (default: all)")
     p.add_argument("--n", default="1,4,8,16,24,32,36", help="N list for every arm")
-    p.add_argument(
-        "--arm-n", action="append", default=[], metavar="ARM=N,N", help="an arm's own N list"
-    )
+    p.add_argument("--arm-n", action="append", default=[], metavar="ARM=N,N", help="own N list")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of trace per run")
     p.add_argument("--period", type=float, default=1.0, help="seconds between chunks of a turn")
     p.add_argument("--deadline-ms", type=float, default=1000.0, help="a later chunk is a miss")
@@ -62,15 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--setup-estimate", type=float, default=60.0, help="set-up s before one is seen")
     p.add_argument("--setup-timeout", type=float, default=300.0, help="s for workers to get ready")
     p.add_argument("--no-stop-at-miss", dest="stop_at_miss", action="store_false")
-    p.add_argument(
-        "--rerender", action="store_true", help="re-summarise the JSON at --out; runs nothing"
-    )
+    p.add_argument("--rerender", action="store_true", help="re-summarise the JSON at --out")
     p.add_argument("--device", default="cuda")
     p.add_argument("--gpu-index", type=int, default=0, help="NVML index of the device")
     p.add_argument("--threads", type=int)
-    p.add_argument(
-        "--out", help="output path without suffix (default bench/results/sessions_<gpu>)"
-    )
+    p.add_argument("--out", help="output path without suffix (default: results/sessions_<gpu>)")
     p.add_argument("--resume", action="store_true", help="keep the runs in the JSON at --out")
     p.add_argument("--quiet-workers", action="store_true")
     p.add_argument("--git-commit")
@@ -88,13 +76,13 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
 def _session_range(text: str) -> range:
     a, _, b = text.partition(":")
     return range(int(a), int(b)) if b else range(int(a))
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,10 +18,7 @@ memory, its measured window (epoch seconds) and the server's own stats.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import sys
 import threading
 import time
 import traceback
@@ -30,7 +27,7 @@ from typing import Any
 
 from duplexcadence.runtime import determinism_settings, pin_determinism
 
-from bench.harness.process import json_default
+from bench.harness.process import print_result_line
 from bench.harness.worker import Hashes, envelope_holds, resolve_device
 
 from .trace import Chunk, SessionSpec
@@ -137,16 +134,7 @@ def serve(wl: Any, args: Any, specs: list[SessionSpec], result: dict) -> None:
 
 
 def worker_main(wl: Any, args: Any, specs: list[SessionSpec]) -> dict:
-    """Serve, then print the result as one JSON line (vendor prints go to stderr)."""
+    """Serve, then print the result as one JSON line."""
     result: dict[str, Any] = {"arm": args.arm, "sessions": [s.index for s in specs]}
     result.update(status="error", pid=os.getpid(), unpaced=args.unpaced)
-    real_stdout = sys.stdout
-    with contextlib.redirect_stdout(sys.stderr):
-        try:
-            serve(wl, args, specs, result)
-        except BaseException as e:  # noqa: BLE001 - the driver records whatever happened
-            result.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-            traceback.print_exc()
-    real_stdout.write(json.dumps(result, default=json_default) + "\n")
-    real_stdout.flush()
-    return result
+    return print_result_line(lambda r: serve(wl, args, specs, r), result)

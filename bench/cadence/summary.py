@@ -71,27 +71,13 @@ def arm_summary(points: Mapping[int, dict], min_run_s: float) -> dict:
 
 def markdown(doc: dict) -> str:
     s = doc["settings"]
-    arms = pd.DataFrame.from_dict(doc["arms"], orient="index").drop(
-        columns=["what"], errors="ignore"
-    )
+    arms = pd.DataFrame.from_dict(doc["arms"], orient="index")
+    arms = arms.drop(columns=["what"], errors="ignore")
     points = pd.DataFrame(
         [{"arm": a, "N": int(n), **p} for a, ps in doc["per_n"].items() for n, p in ps.items()]
     )
-    cols = [
-        "arm",
-        "N",
-        "status",
-        "p50_ms",
-        "p95_ms",
-        "p99_ms",
-        "misses",
-        "chunks",
-        "first_packet_p95_ms",
-        "gpu_busy_share",
-        "peak_gib",
-        "sessions_exact",
-        "sessions_hashed",
-    ]
+    cols = "arm N status p50_ms p95_ms p99_ms misses chunks first_packet_p95_ms".split()
+    cols += "gpu_busy_share peak_gib sessions_exact sessions_hashed".split()
     lines = [
         f"# Paced sessions: {doc['workload']} on {doc.get('gpu')}",
         "",

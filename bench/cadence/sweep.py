@@ -126,13 +126,6 @@ class Sweep:
         self.settings = trace_settings(args)
         prior = prior or {}
         self.runs: list[dict] = list(prior.get("runs") or [])
-        for r in self.runs:  # runs recorded before the window length was kept
-            if not r.get("reference") and r.get("run_s") is None:
-                ws = [w["window"] for w in r.get("workers", []) if w.get("window")]
-                ws = [w for w in ws if w[1]]
-                r["run_s"] = run_seconds(
-                    [min(w[0] for w in ws), max(w[1] for w in ws)] if ws else None
-                )
         self.prior_arms: dict[str, dict] = dict(prior.get("arms") or {})
         self.prior_settings: dict | None = prior.get("settings")
         self.commands: list[str] = list(prior.get("commands") or [])
@@ -165,11 +158,10 @@ class Sweep:
         if why:
             self.skipped.append({"arm": "reference", "n": len(todo), "why": why})
             return
-        for g, res in zip(groups, launch(self.wl, self.args, self.wl.reference, groups, True)):
+        arm, name = self.wl.reference, self.wl.name
+        for g, res in zip(groups, launch(self.wl, self.args, arm, groups, True)):
             self.adopt_references(res)
-            self.runs.append(
-                {**res, "arm": self.wl.reference, "n": len(g), "reference": True, "workload": self.wl.name}  # fmt: skip
-            )
+            self.runs.append({**res, "arm": arm, "n": len(g), "reference": True, "workload": name})
 
     def adopt_references(self, res: dict) -> None:
         """A session served alone in a fresh process on the reference arm — a reference
@@ -235,11 +227,10 @@ class Sweep:
         """The per-arm summary of every arm with runs (this workload's or a resumed one's)."""
         out = {}
         for name, ps in points.items():
-            mine = name in {a.name for a in self.wl.arms}
-            arm = self.wl.arm(name) if mine else None
-            meta = {"workload": self.wl.name, "shape": arm.shape, "what": arm.what} if mine else {
-                k: self.prior_arms.get(name, {}).get(k) for k in ("workload", "shape", "what")
-            }  # fmt: skip
+            meta = {k: self.prior_arms.get(name, {}).get(k) for k in ("workload", "shape", "what")}
+            if name in {a.name for a in self.wl.arms}:
+                arm = self.wl.arm(name)
+                meta = {"workload": self.wl.name, "shape": arm.shape, "what": arm.what}
             pts = {int(n): p for n, p in ps.items()}
             out[name] = {**summary.arm_summary(pts, MIN_RUN_S), **meta}
         return out
@@ -249,8 +240,8 @@ class Sweep:
         points: dict[str, dict] = {arm: {} for arm in a.arm_n}
         for r in self.runs:
             if not r.get("reference"):
-                drop = ("workers", "arm", "n")
-                points.setdefault(r["arm"], {})[str(r["n"])] = {k: v for k, v in r.items() if k not in drop}  # fmt: skip
+                point = {k: v for k, v in r.items() if k not in ("workers", "arm", "n")}
+                points.setdefault(r["arm"], {})[str(r["n"])] = point
         first = next((w for r in self.runs for w in r.get("workers", [r])), {})
         arms = self.arms(points)
         settings = {**vars(self.settings), "deadline_ms": a.deadline_ms, "n": a.arm_n}

@@ -66,8 +66,8 @@ def parser(wl: Workload) -> argparse.ArgumentParser:
         p.add_argument(flag, **kwargs)
     quick = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in wl.quick.items())
     p.add_argument("--quick", action="store_true", help=f"CPU smoke settings: {quick}")
-    if wl.add_arguments is not None:
-        wl.add_arguments(p)
+    for flag, kwargs in wl.flags.items():
+        p.add_argument(flag, **kwargs)
     p.set_defaults(cells=[c.name for c in wl.cells], out=f"bench/results/{wl.name}_h200")
     p.set_defaults(**wl.defaults)
     return p

@@ -1,28 +1,21 @@
 """The driver: matched blocks of fresh worker processes into one result document.
 
-Block ``b`` uses seed ``seed + b`` for everything the workload seeds (weights, prompt,
-inputs), identical for every cell of the block; the cell order is rotated left by
-``b`` (a cyclic Latin square), and every (block, cell) runs in a fresh process
-(``python -m <workload module> --worker ...``) that prints one JSON line. After every
-worker the document is rewritten (``<out>.json``), at the end with its markdown table
-and plot (``<out>.md``, ``<out>.png``).
+Block ``b`` seeds everything the workload seeds with ``seed + b``, the same for every
+cell; its cell order is rotated left by ``b`` (a cyclic Latin square); every (block,
+cell) runs in a fresh process. The document (``<out>.json``) is rewritten after every
+worker, with its table and plot (``.md``, ``.png``) at the end.
 
-* ``--merge`` adds this call's cells to the document already at ``--out`` (refused
-  unless device, seed, step counts and the workload's measurement flags are the same):
-  blocks are kept, a cell run again replaces its earlier result per block (kept under
-  ``replaced``), every cell is paired with the reference of the same block whichever
-  call ran it, and ``calls`` lists every call (command, git commit, hosts, wall time,
-  what was skipped). ``--missing-only`` launches only (block, cell) pairs without an
-  ok result (and implies ``--merge``).
-* The one time-budget policy (``--time-budget S``): a worker is launched only if what
-  is left of ``S`` (less 15 s for the reports) covers the slowest worker of that cell
-  seen so far (this call or a merged one), else of any cell (or the workload's first-
-  worker estimate for the cell, whichever is larger); a launched worker's timeout is
-  capped by what is left. A worker not launched is recorded ``"skipped"`` and its cell
-  is ``partial``; later, cheaper cells may still run.
-* A worker that reports ``"failed"`` (the cell cannot run as asked) is not launched
-  again in later blocks of the call. CUDA-only cells are not launched with ``--device
-  cpu`` (listed as not run).
+* ``--merge`` adds this call's cells to the document at ``--out`` (refused unless the
+  device, seed, step counts and measurement flags agree): a cell run again replaces
+  its earlier result per block (kept under ``replaced``), cells pair by block whichever
+  call ran them, ``calls`` lists every call. ``--missing-only`` launches only pairs
+  without an ok result.
+* The one time-budget policy (``--time-budget S``): a worker starts only if what is
+  left of ``S`` (less 15 s for the reports) covers the slowest worker of that cell seen
+  so far, else of any cell (or the workload's first-worker estimate, if larger); its
+  timeout is capped by what is left. One not started is ``"skipped"``.
+* A cell that reports ``"failed"`` is not launched in later blocks of the call;
+  CUDA-only cells are not launched with ``--device cpu``.
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from . import document
 from .cli import REPORT_RESERVE_S
-from .process import git_info, run_worker_process, write_json
+from .process import WorkerProcess, git_info, write_json
 from .stats import median, rotate
 from .workload import Workload
 
@@ -50,7 +43,7 @@ def worker_command(
     wl: Workload, args: argparse.Namespace, cell: str, block: int, seed: int, timeout: float
 ) -> list[str]:
     flags = {"cell": cell, "block": block, "seed": seed, "device": args.device}
-    flags.update({d: getattr(args, d) for d in [*wl.dests().values(), *wl.worker_flags]})
+    flags.update({d: getattr(args, d) for d in [*wl.dests().values(), *wl.own_dests]})
     flags.update(worker_timeout=round(timeout), threads=args.threads)
     cmd = [sys.executable, "-m", wl.module, "--worker"]
     for dest, value in flags.items():
@@ -67,16 +60,11 @@ def run_cell_process(
 ) -> dict:
     """One fresh worker process; its JSON result or a failure record."""
     budget = f", --time-budget {args.time_budget:.0f}" if args.time_budget else ""
-    res = run_worker_process(
-        worker_command(wl, args, cell, block, seed, timeout),
-        document.cell_env(wl, cell),
-        label=f"block {block} {cell}",
-        timeout=timeout,
-        quiet=args.quiet_workers,
-        timeout_error=f"worker exceeded its timeout of {timeout:.0f} s (--worker-timeout "
-        f"{args.worker_timeout:.0f}{budget})",
-    )
-    return {"cell": cell, "block": block, "seed": seed, **res}
+    cmd, env = worker_command(wl, args, cell, block, seed, timeout), document.cell_env(wl, cell)
+    proc = WorkerProcess(cmd, env, label=f"block {block} {cell}", quiet=args.quiet_workers)
+    why = f"worker exceeded its timeout of {timeout:.0f} s (--worker-timeout "
+    why += f"{args.worker_timeout:.0f}{budget})"
+    return {"cell": cell, "block": block, "seed": seed, **proc.result(timeout, why)}
 
 
 def estimate_worker_s(

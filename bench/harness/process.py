@@ -1,15 +1,14 @@
 """Fresh worker processes, result files and the git facts of a document.
 
-A driver runs every (block, cell) as ``python -m <workload module> --worker ...`` in
-a fresh process from the repository root, echoes its stderr (unless quiet), keeps a
-tail of it for failure records, and reads the worker's result from the last JSON line
-it printed. ``run_worker_process`` does that and turns a timeout or a crash into a
-record; the caller adds what its benchmark needs (cell, block, seed).
+A driver runs every worker as ``python -m <module> --worker ...`` in a fresh process
+from the repository root, echoes its stderr (unless quiet), keeps a tail of it for
+failure records, and reads the result from the last JSON line the worker printed.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shlex
@@ -17,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,10 @@ REPO = Path(__file__).resolve().parents[2]
 def json_default(o: Any) -> Any:
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
-    if hasattr(o, "item"):
-        try:
-            return o.item()
-        except Exception:  # noqa: BLE001
-            pass
-    return str(o)
+    try:
+        return o.item()
+    except Exception:  # noqa: BLE001 - not a numpy/torch scalar
+        return str(o)
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -43,9 +41,7 @@ def write_json(path: Path, doc: dict) -> None:
 
 def git(*argv: str) -> str | None:
     try:
-        p = subprocess.run(
-            ["git", *argv], cwd=str(REPO), capture_output=True, text=True, timeout=20
-        )
+        p = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
     return p.stdout.strip() if p.returncode == 0 else None
@@ -70,11 +66,9 @@ def _tee(stream: Any, keep: collections.deque, sink: Any = None, prefix: str = "
 
 class WorkerProcess:
     """One worker started now (``cmd`` from the repository root, ``env``); ``result()``
-    waits for it and returns its last JSON line, or a ``timeout`` / ``crash`` record.
-
-    Every record gets ``returncode``, ``process_wall_s`` and ``command``; one that is
-    not ok also gets the worker's last stderr lines as ``stderr_tail``. Several may
-    run at once (the cadence harness starts one per session)."""
+    waits for it and returns its last JSON line, or a ``timeout`` / ``crash`` record, with
+    ``returncode``, ``process_wall_s``, ``command`` and, unless ok, ``stderr_tail``.
+    Several may run at once (the cadence harness starts one per session)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], *, label: str, quiet: bool) -> None:
         self.cmd, self.t0 = cmd, time.perf_counter()
@@ -83,12 +77,10 @@ class WorkerProcess:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=pipe, stderr=pipe, text=True)
         self.out: collections.deque = collections.deque(maxlen=100)
         self.err: collections.deque = collections.deque(maxlen=60)
-        sink = None if quiet else sys.stderr
+        err = (self.proc.stderr, self.err, None if quiet else sys.stderr, f"[{label}] ")
         self.threads = [
-            threading.Thread(target=_tee, args=(self.proc.stdout, self.out), daemon=True),
-            threading.Thread(
-                target=_tee, args=(self.proc.stderr, self.err, sink, f"[{label}] "), daemon=True
-            ),
+            threading.Thread(target=_tee, args=a, daemon=True)
+            for a in ((self.proc.stdout, self.out), err)
         ]
         for t in self.threads:
             t.start()
@@ -107,22 +99,19 @@ class WorkerProcess:
         if timed_out:
             res = dict(res or {}, status="timeout", error=timeout_error)
         elif res is None:
-            res = {
-                "status": "crash",
-                "error": f"worker exited with code {self.proc.returncode} and printed no result",
-            }
+            why = f"worker exited with code {self.proc.returncode} and printed no result"
+            res = {"status": "crash", "error": why}
         if res.get("status") != "ok":
             res["stderr_tail"] = "".join(self.err)[-4000:]
         res["returncode"] = self.proc.returncode
         res["process_wall_s"] = time.perf_counter() - self.t0
-        res["command"] = " ".join(shlex.quote(c) for c in self.cmd[1:])
+        res["command"] = shlex.join(self.cmd[1:])
         return res
 
 
 def last_json_line(lines: list[str]) -> dict | None:
     for line in reversed(lines):
-        line = line.strip()
-        if line.startswith("{"):
+        if line.strip().startswith("{"):
             try:
                 return json.loads(line)
             except json.JSONDecodeError:
@@ -130,14 +119,18 @@ def last_json_line(lines: list[str]) -> dict | None:
     return None
 
 
-def run_worker_process(
-    cmd: list[str],
-    env: dict[str, str],
-    *,
-    label: str,
-    timeout: float,
-    quiet: bool,
-    timeout_error: str,
-) -> dict:
-    """One worker, waited for: ``WorkerProcess(...).result(...)``."""
-    return WorkerProcess(cmd, env, label=label, quiet=quiet).result(timeout, timeout_error)
+def print_result_line(run: Any, result: dict, failure: Any = None) -> dict:
+    """``run(result)`` with vendor prints sent to stderr; what it raises goes into
+    ``result`` (``failure(e)``'s fields, else status "error" and the error) with its
+    traceback; then ``result`` as one JSON line, the only line a worker prints on stdout."""
+    real_stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            run(result)
+        except BaseException as e:  # noqa: BLE001 - the driver records whatever happened
+            fields = failure(e) if failure else {"error": f"{type(e).__name__}: {e}"}
+            result.update(fields, traceback=traceback.format_exc())
+            traceback.print_exc()
+    real_stdout.write(json.dumps(result, default=json_default) + "\n")
+    real_stdout.flush()
+    return result

@@ -18,6 +18,7 @@ import os
 import tempfile
 import time
 from bisect import bisect_left
+from itertools import accumulate
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 _KERNEL, _MEMCPY, _MEMSET = "kernel", "gpu_memcpy", "gpu_memset"
@@ -93,10 +94,7 @@ def summarize_trace(
         elif cat == "user_annotation" and name.startswith("bench::"):
             ranges[name[len("bench::") :]].append((ts, ts + dur))
     kernels.sort()
-    starts = [k[0] for k in kernels]
-    prefix = [0.0]
-    for _, d in kernels:
-        prefix.append(prefix[-1] + d)
+    starts, prefix = [k[0] for k in kernels], [0.0, *accumulate(d for _, d in kernels)]
     n = max(1, int(n_steps))
     out: dict[str, Any] = {
         f"{unit}s": n_steps,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 MIB = 2**20
@@ -63,11 +64,11 @@ def record(binding: Any, before: dict) -> dict | None:
 
 
 def _sum(dicts: Iterable[Mapping[str, Any] | None]) -> dict:
-    out: dict[str, int] = {}
+    """Per-key sums (zeros kept, unlike ``Counter`` addition)."""
+    out: Counter = Counter()
     for d in dicts:
-        for k, v in (d or {}).items():
-            out[k] = out.get(k, 0) + int(v)
-    return out
+        out.update(d or {})
+    return dict(out)
 
 
 def summary(results: Sequence[Mapping[str, Any] | None]) -> dict | None:

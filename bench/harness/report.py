@@ -19,21 +19,15 @@ SHOWN = ("ok", "partial")
 
 
 def _f(v: Any, fmt: str = "{:.1f}") -> str:
-    if v is None:
-        return DASH
     try:
-        return fmt.format(v)
+        return DASH if v is None else fmt.format(v)
     except (TypeError, ValueError):
         return str(v)
 
 
 def _ratio(r: dict | None, fmt: str = "{:.2f}") -> str:
-    if not r:
-        return DASH
-    s = _f(r["geomean"], fmt) + "×"
-    if r.get("ci95"):
-        s += f" [{_f(r['ci95'][0], fmt)}, {_f(r['ci95'][1], fmt)}]"
-    return s
+    ci = f" [{_f(r['ci95'][0], fmt)}, {_f(r['ci95'][1], fmt)}]" if r and r.get("ci95") else ""
+    return _f(r["geomean"], fmt) + "×" + ci if r else DASH
 
 
 def _replay(c: dict) -> str:
@@ -157,10 +151,8 @@ def markdown(wl: Workload, doc: dict) -> str:
     cells = doc.get("cells", {})
     rows = [_row(wl, n, c) for n, c in cells.items() if c.get("status") in (*SHOWN, "failed")]
     table = pd.DataFrame(rows)
-    numeric = {"p50 ms", "p95 ms", "busy ms", "wall/busy", "peak MiB", "window peak MiB"}
-    numeric |= {f"kernels/{wl.unit}", f"launch calls/{wl.unit}", "setup s (capture s)"}
-    numeric |= {f"{p} ms" for p in wl.parts}
-    align = [("right" if col in numeric else "left") for col in table.columns]
+    numeric = (" ms", " MiB", "wall/busy", f"/{wl.unit}", "(capture s)")  # right-aligned
+    align = ["right" if col.endswith(numeric) else "left" for col in table.columns]
     shas = "; ".join(
         f"{n} " + " / ".join(f"`{str(c.get(s.key))[:16]}`" for s in wl.streams)
         for n, c in cells.items()

@@ -1,21 +1,9 @@
-"""Statistics of a matched-block benchmark: per-block rows, paired ratios, aggregation.
-
-Pure functions over the plain dicts workers print (no torch, no model), on one long
-pandas table: a row per (cell, block). Conventions (DESIGN §6):
-
-* A *block* runs every cell once, each in a fresh process, on one seed and input
-  stream. Within a block, a cell's latency is the median (p50) and the 95th
-  percentile (p95, linear interpolation) of its window's per-step wall times; other
-  per-step quantities (busy time, kernel counts, part split) are per-block medians.
-* Across blocks, a cell's headline number is the median of its per-block values.
-* Paired ratios against a reference cell are formed per block (cell / ref in the same
-  block) and summarised by their geometric mean with a 95 % t-interval on the log
-  ratios (``scipy.stats.t``, df = blocks - 1, exponentiated back); none with one block.
-* ``exact``: in every block where the reference ran, the cell ran and every declared
-  output stream's SHA-256 equals the reference's. ``counts_as_result`` is ``exact``
-  and ran in every block; a cell without it is reported, never claimed.
-* Status: ``ok`` (every block), ``partial`` (some), ``failed`` (none ran through),
-  ``skipped`` (none was launched).
+"""Statistics of a matched-block benchmark, on one long pandas table (a row per cell
+and block) of the plain dicts workers print. The conventions are the document's
+``method`` (``document.method``): per-block p50/p95, medians over blocks, paired ratios
+with a t-interval on log ratios (``scipy.stats.t``), exactness by stream hashes.
+``counts_as_result``: exact and ran in every block. Status: ``ok`` (every block),
+``partial`` (some), ``failed`` (none ran through), ``skipped`` (none was launched).
 """
 
 from __future__ import annotations
@@ -47,22 +35,15 @@ def paired_ratio(num: Sequence[Any], den: Sequence[Any]) -> dict | None:
     """Per-block ratios num[i] / den[i], their geometric mean and a 95 % t-interval.
     Pairs with a missing or non-positive member are dropped; None when none is left."""
     pairs = pd.DataFrame(
-        [(_num(a), _num(b)) for a, b in zip(num, den)], columns=["num", "den"], dtype=float
+        [(_num(a), _num(b)) for a, b in zip(num, den)], columns=[0, 1], dtype=float
     )
-    pairs = pairs[(pairs.num > 0) & (pairs.den > 0)]
-    if pairs.empty:
+    ratios = (pairs[0] / pairs[1])[(pairs[0] > 0) & (pairs[1] > 0)]
+    if ratios.empty:
         return None
-    ratios = pairs.num / pairs.den
-    logs = np.log(ratios)
-    n = len(ratios)
-    out: dict[str, Any] = {
-        "n": n,
-        "ratios": [float(r) for r in ratios],
-        "geomean": float(np.exp(logs.mean())),
-        "median": float(ratios.median()),
-        "ci95": None,
-        "ci_method": "one block: no interval",
-    }
+    logs, n = np.log(ratios), len(ratios)
+    out: dict[str, Any] = {"n": n, "ratios": [float(r) for r in ratios]}
+    out.update(geomean=float(np.exp(logs.mean())), median=float(ratios.median()), ci95=None)
+    out["ci_method"] = "one block: no interval"
     if n >= 2:
         half = sps.t.ppf(0.975, n - 1) * logs.std(ddof=1) / math.sqrt(n)
         out["ci95"] = [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))]
@@ -103,13 +84,9 @@ def block_row(wl: Workload, res: Mapping[str, Any] | None) -> dict:
 
 
 PER_STEP_COUNTS = ("kernels", "kernel_launch_calls", "graph_launch_calls")
-RATIO_METRICS = {
-    "p50_ratio": "p50_ms",
-    "p95_ratio": "p95_ms",
-    "peak_ratio": "peak_mib",
-    "window_peak_ratio": "window_peak_mib",
-    "busy_ratio": "busy_ms",
-}
+# {ratio name: metric}: p50_ratio -> p50_ms, peak_ratio -> peak_mib, ...
+METRICS = ("p50_ms", "p95_ms", "peak_mib", "window_peak_mib", "busy_ms")
+RATIO_METRICS = {m.rsplit("_", 1)[0] + "_ratio": m for m in METRICS}
 
 
 def first_divergence(wl: Workload, a: Mapping, b: Mapping) -> dict | None:
@@ -195,12 +172,10 @@ def aggregate(wl: Workload, blocks: Sequence[Mapping[str, Any]], cells: Sequence
     table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce")
     medians = table[table.ok.astype(bool)].groupby("cell")[numeric].median()
     wide = {m: table.pivot(index="i", columns="cell", values=m) for m in RATIO_METRICS.values()}
-    out = {}
-    for c in cells:
-        s = _cell_summary(wl, c, rows[c], medians, wide, raw, blocks)
-        s["per_block"] = rows[c]
-        out[c] = s
-    return out
+    return {
+        c: {**_cell_summary(wl, c, rows[c], medians, wide, raw, blocks), "per_block": rows[c]}
+        for c in cells
+    }
 
 
 def _cell_summary(wl, c, rows, medians, wide, raw, blocks) -> dict:  # noqa: ANN001
@@ -242,8 +217,5 @@ def _col(wide: pd.DataFrame, cell: str) -> list:
 
 def rotate(cells: Sequence[str], k: int) -> list[str]:
     """Cell order of block ``k``: the list rotated left by ``k`` (a cyclic Latin square)."""
-    cells = list(cells)
-    if not cells:
-        return []
-    k %= len(cells)
-    return cells[k:] + cells[:k]
+    k %= len(cells) or 1
+    return [*cells[k:], *cells[:k]]

@@ -1,24 +1,11 @@
 """A worker process: one (block, cell), phase by phase, one JSON line on stdout.
 
-Phases, in order (everything after the build streams the same seeded inputs):
-
-1. ``import``: the determinism envelope is pinned (``duplexcadence.runtime``'s
-   ``pin_determinism``, restored when the worker ends) and the workload's ``Run``
-   made (it imports the released package and prepares the inputs);
-2. ``build``, 3. ``setup`` (bind, capture or a control's set-up; outside the window;
-   if set-up moved a pinned flag, it is pinned again and that is recorded);
-4. ``warmup``: steps timed one by one (``warmup_ms``);
-5. ``window``: the measured steps, each timed with ``time.perf_counter`` between two
-   ``torch.cuda.synchronize()`` calls (CUDA) and nothing else added; the outputs are
-   hashed after the second synchronisation, outside the timing;
-6. ``split`` (workloads with ``parts``): steps with each part synchronised and timed;
-7. ``profile`` (CUDA): steps under ``torch.profiler`` (``bench.harness.profile``);
-   on CPU the same steps run uninstrumented;
-8. ``final``: the workload's untimed last steps (a last chunk).
-
-Memory (CUDA): ``max_memory_allocated`` reset at each phase boundary; the process peak
-is the maximum over phases, the window peak that of phase 5. Every step's outputs
-are hashed per declared stream (SHA-256 over the whole stream and per step).
+Phases: ``import`` (the runtime's ``pin_determinism`` envelope, restored at the end;
+the workload's ``Run`` made), ``build``, ``setup`` (re-pinned, and recorded, if set-up
+moved a flag), ``warmup``, ``window`` (each step timed between two device
+synchronisations, outputs hashed after the timing), ``split`` (workloads with parts),
+``profile`` (``torch.profiler`` on CUDA; plain steps on CPU), ``final`` (untimed).
+CUDA memory: ``max_memory_allocated`` reset at each phase boundary.
 """
 
 from __future__ import annotations
@@ -27,19 +14,17 @@ import contextlib
 import gc
 import hashlib
 import inspect
-import json
 import os
 import socket
 import sys
 import time
-import traceback
 from typing import Any, Mapping
 
 from duplexcadence.runtime import determinism_settings, pin_determinism
 from duplexcadence.runtime.controls import DISABLE_ENV
 
 from . import replay
-from .process import json_default
+from .process import print_result_line
 from .profile import profile_pass, timed_parts
 from .workload import Cell, CellFailed, Stream, WorkerContext, Workload
 
@@ -82,9 +67,7 @@ class MemTracker:
         return None if self.cuda is None else self.cuda.memory_allocated(self.device) / MIB
 
     def summary(self) -> dict | None:
-        if self.cuda is None:
-            return None
-        return {
+        return self.cuda and {
             "process_peak_mib": max(self.peaks.values(), default=None),
             "process_peak_reserved_mib": max(self.reserved.values(), default=None),
             "window_peak_mib": self.peaks.get("window"),
@@ -108,25 +91,21 @@ class Hashes:
 
         for s in self.streams:
             x = outputs.get(s.name)
-            if x is None:
-                self.steps[s.name].append(None)
-                self.values[s.name].append(None)
-                continue
-            x = x.detach().cpu().numpy() if hasattr(x, "detach") else x
-            x = np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=s.dtype)
-            self.whole[s.name].update(x.tobytes())
-            self.steps[s.name].append(hashlib.sha256(x.tobytes()).hexdigest())
-            self.values[s.name].append([int(v) for v in x] if s.values_key else None)
-            self.counts[s.name] += x.size
+            if x is not None:
+                x = x.detach().cpu().numpy() if hasattr(x, "detach") else x
+                x = np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=s.dtype)
+                self.whole[s.name].update(x.tobytes())
+                self.counts[s.name] += x.size
+            ok = x is not None  # a step without output: None in the per-step lists
+            self.steps[s.name].append(hashlib.sha256(x.tobytes()).hexdigest() if ok else None)
+            self.values[s.name].append([int(v) for v in x] if ok and s.values_key else None)
 
     def record(self) -> dict:
         out: dict[str, Any] = {}
         for s in self.streams:
             out[s.key], out[s.step_key] = self.whole[s.name].hexdigest(), self.steps[s.name]
-            if s.values_key:
-                out[s.values_key] = self.values[s.name]
-            if s.count_key:
-                out[s.count_key] = self.counts[s.name]
+            out.update({s.values_key: self.values[s.name]} if s.values_key else {})
+            out.update({s.count_key: self.counts[s.name]} if s.count_key else {})
         return out
 
 
@@ -298,20 +277,16 @@ def failure_record(cell: Cell, e: BaseException, phase: str | None) -> dict:
 
 
 def worker_main(wl: Workload, args: Any) -> dict:
-    """Run the worker and print its result as one JSON line (vendor prints go to
-    stderr, so stdout holds only that line); returns the result."""
-    real_stdout, t0 = sys.stdout, time.perf_counter()
+    """Run the worker and print its result as one JSON line; returns the result."""
+    t0, cell = time.perf_counter(), wl.cell(args.cell)
     result: dict[str, Any] = {"cell": args.cell, "block": args.block, "seed": args.seed}
     result.update(status="error", pid=os.getpid())
     result["settings"] = {d: getattr(args, d) for d in [*wl.dests().values(), *wl.measure_flags]}
-    with contextlib.redirect_stdout(sys.stderr):
+
+    def run(result: dict) -> None:
         try:
             run_worker(wl, args, result)
-        except BaseException as e:  # noqa: BLE001 - the driver records whatever happened
-            result.update(failure_record(wl.cell(args.cell), e, result.get("phase")))
-            result["traceback"] = traceback.format_exc()
-            traceback.print_exc()
-    result["worker_wall_s"] = time.perf_counter() - t0
-    real_stdout.write(json.dumps(result, default=json_default) + "\n")
-    real_stdout.flush()
-    return result
+        finally:
+            result["worker_wall_s"] = time.perf_counter() - t0
+
+    return print_result_line(run, result, lambda e: failure_record(cell, e, result.get("phase")))

@@ -185,13 +185,20 @@ def vendor_chunked_decode(
     return wav.float().reshape(-1).cpu().numpy()
 
 
-def bind_adapter(model: torch.nn.Module, device: Any = None, *, capture: bool = True) -> Any:
+def bind_adapter(
+    model: torch.nn.Module, device: Any = None, *, capture: bool = True, backend: Any = None
+) -> Any:
     """Bind the generated adapter (contracts/qwen3_code2wav.clock): the callable is the
-    model's ``forward``, which ``self(codes_chunk)`` reaches through ``nn.Module.__call__``."""
+    model's ``forward``, which ``self(codes_chunk)`` reaches through ``nn.Module.__call__``.
+    ``backend``: a graph backend (tests pass ``FakeGraphBackend`` to replay on the CPU)."""
     import types
 
     from duplexcadence.generated import qwen3_code2wav as adapter
 
     return adapter.bind(
-        types.SimpleNamespace(code2wav=model), device=device, capture=capture, progress=False
+        types.SimpleNamespace(code2wav=model),
+        device=device,
+        capture=capture,
+        progress=False,
+        backend=backend,
     )

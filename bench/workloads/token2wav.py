@@ -1,40 +1,26 @@
 """Stock streaming Token2Wav (Step-Audio2 / MiniCPM-o 4.5), seeded random weights.
 
-The workload is the released code of PyPI ``minicpmo-utils==1.0.6`` (package
-``stepaudio2``, Apache-2.0), imported from the installed distribution; nothing of it
-is copied here. DESIGN §5 explains why 1.0.6 is the paper's stock.
+The released PyPI ``minicpmo-utils==1.0.6`` (package ``stepaudio2``, Apache-2.0),
+imported from the installed distribution; nothing of it is copied here (DESIGN §5 says
+why 1.0.6 is the paper's stock). Around the vendor code:
 
-What this module adds around the vendor code, and nothing more:
+* ``import_stepaudio2()``: the flow / HiFT / ``token2wav`` submodules without running
+  ``stepaudio2/__init__.py`` (which imports torchaudio, onnxruntime, s3tokenizer,
+  hyperpyyaml, librosa): a bare parent package, and empty stand-ins for those names
+  only while the submodules import (the streaming path never touches them).
+* ``build_token2wav()``: the vendor ``Token2wav`` via ``__new__`` (its ``__init__``
+  loads checkpoints and assumes CUDA) with the real flow of the released ``flow.yaml``
+  hyper-parameters (``FLOW_CONFIG``) and the real ``HiFTGenerator()``; fp32, eval.
+* ``stream_chunk()``: the vendor's own ``Token2wav.stream`` code object; off the
+  current CUDA device its global ``torch`` maps the two hard-coded ``device='cuda'``
+  tensors to the object's device and ``autocast("cuda", float32)`` to the disabled
+  CPU autocast that CPU itself would apply.
+* ``token_stream()``: seeded token chunks as a real client feeds ``stream()``.
 
-* ``import_stepaudio2()`` imports the flow / HiFT / ``token2wav`` submodules without
-  running ``stepaudio2/__init__.py`` (which pulls in torchaudio, onnxruntime,
-  s3tokenizer, hyperpyyaml and librosa at import time). It registers a bare parent
-  package with the real ``__path__`` and, only while the submodules import, empty
-  stand-in modules for those five third-party names (only the attributes the import
-  statements bind). The stand-ins are taken out of ``sys.modules`` again afterwards;
-  they stay referenced only by module globals that the streaming path never touches
-  (``Token2wav.__init__``/``_prepare_prompt``/``__call__`` and an unused
-  ``import onnxruntime`` in ``flow_matching.py``).
-* ``build_token2wav()`` makes the vendor ``Token2wav`` via ``Token2wav.__new__`` (its
-  ``__init__`` loads checkpoints and assumes CUDA) and attaches the real
-  ``CausalMaskedDiffWithXvec`` built from the released ``flow.yaml`` hyper-parameters
-  (``FLOW_CONFIG``) and the real ``HiFTGenerator()``, seeded random weights, fp32, eval.
-* ``stream_chunk()`` runs the vendor's own ``Token2wav.stream`` code object. On the
-  current CUDA device it is called as is. Elsewhere (CPU) the same code object runs with
-  one global rebound: its module-level name ``torch`` resolves to a thin proxy that maps
-  the two hard-coded ``device='cuda'`` token tensors to the object's device and turns
-  ``torch.amp.autocast("cuda", dtype=float32)`` into the CPU autocast context that CPU
-  itself would apply (disabled: CPU autocast has no float32 mode). Every other name is
-  the real ``torch``.
-* ``token_stream()`` gives seeded token chunks as a real client feeds ``stream()``.
-
-Seeding (all derived from one ``seed``; ``subseed(seed, k) = 16 * seed + k``):
-flow weights and ``rand_noise`` ← ``torch.manual_seed(subseed(seed, 0))``; HiFT weights
-← ``torch.manual_seed(subseed(seed, 1))``; the prompt ← a private CPU generator at
-``subseed(seed, 2)``; tokens ← a private CPU generator at ``subseed(seed, 3)``; at the
-end of the build ``torch.manual_seed(seed)`` seeds the global (CPU and CUDA) generators
-that HiFT's SineGen2 / source noise draw from on every call. Weights are always made on
-the CPU and then moved, so a CUDA build has bit-identical weights to a CPU build.
+Seeds (``subseed(seed, k) = 16 * seed + k``): flow weights and ``rand_noise`` k=0, HiFT
+weights k=1, prompt k=2 and tokens k=3 (private CPU generators); at the end of the
+build ``torch.manual_seed(seed)`` seeds the generators HiFT's source noise draws from.
+Weights are made on the CPU and then moved: CUDA and CPU builds have the same weights.
 """
 
 from __future__ import annotations
@@ -42,33 +28,26 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.machinery
-import importlib.util
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from bench import workloads
-from bench.workloads import register_bare_parent
-from bench.workloads import subseed
+from bench.workloads import register_bare_parent, subseed
 
 RELEASE = workloads.RELEASES["token2wav"]
-
-# Speech-token vocabulary (25 Hz S3 tokenizer v2, FSQ 3^8) and the silence token the
-# stock set_stream_cache() right-pads the prompt with (token2wav.py:153).
-VOCAB_SIZE = 6561
-SILENCE_TOKEN = 4218
+VOCAB_SIZE = 6561  # 25 Hz S3 tokenizer v2, FSQ 3^8
+SILENCE_TOKEN = 4218  # what set_stream_cache() right-pads the prompt with (token2wav.py:153)
 CHUNK_TOKENS = 25  # stock client: CHUNK_SIZE
-PRE_LOOKAHEAD = 3  # flow.pre_lookahead_len == encoder.pre_lookahead_layer.pre_lookahead_len
+PRE_LOOKAHEAD = 3  # flow.pre_lookahead_len
 PROMPT_FRAMES = 302  # mel frames of the prompt (50 Hz) -> 151 prompt tokens (25 Hz)
-MEL_BINS = 80
-SPK_DIM = 192
+MEL_BINS, SPK_DIM = 80, 192
 SAMPLES_PER_FRAME = 480  # 24 kHz / 50 Hz mel
-# Carry that the stock stream() keeps beyond the prompt (token2wav.py:192-204).
-STOCK_TAIL_FRAMES = 100
+STOCK_TAIL_FRAMES = 100  # carry the stock stream() keeps beyond the prompt (token2wav.py:192-204)
 
 # The released flow.yaml (Step-Audio2 token2wav/flow.yaml, loaded by hyperpyyaml in
 # Token2wav.__init__, token2wav.py:79-81) is not reachable here, so its arguments are
@@ -119,20 +98,15 @@ FLOW_CONFIG: dict[str, dict[str, Any]] = {
     # stepaudio2/cosyvoice2/flow/flow_matching.py:27 CausalConditionalCFM
     "cfm": dict(inference_cfg_rate=0.7),  # C, D
 }
-# HiFTGenerator is built with no arguments, exactly as Token2wav.__init__ does
-# (token2wav.py:87): 24 kHz, upsample [8, 5, 3] x istft hop 4 = 480 samples per frame,
-# n_fft 16, 8 harmonics, SourceModuleHnNSF2/SineGen2 (sampling_rate != 22050).
-HIFT_KWARGS: dict[str, Any] = {}
+# HiFTGenerator() with no arguments, as Token2wav.__init__ (token2wav.py:87): 24 kHz,
+# upsample [8, 5, 3] x istft hop 4 = 480 samples per frame, n_fft 16, 8 harmonics.
 N_TIMESTEPS = 10  # Token2wav(..., n_timesteps=10) default, token2wav.py:65
-# Std of the normal fill for parameters that are all-zero after the default init
-# (DiT.initialize_weights zeroes every adaLN_modulation[-1] and final_layer.linear,
-# decoder_dit.py:423-431, which would make every DiT block the identity and the
-# estimator output exactly 0, i.e. the solver would return the noise unchanged).
+# DiT.initialize_weights zeroes every adaLN_modulation[-1] and final_layer.linear
+# (decoder_dit.py:423-431): the estimator would output 0; such parameters get N(0, std).
 ZERO_PARAM_FILL_STD = 0.02
-
-# Third-party names token2wav.py / utils/audio.py / flow_matching.py bind at import
-# time, and the attributes those import statements need.
-_IMPORT_STAND_INS: dict[str, tuple[str, ...]] = {
+# Names token2wav.py / utils/audio.py / flow_matching.py bind at import, and the
+# attributes those import statements need.
+_STAND_INS = {
     "torchaudio": ("compliance",),
     "torchaudio.compliance": ("kaldi",),
     "torchaudio.compliance.kaldi": (),
@@ -150,16 +124,14 @@ _SUBMODULES = {
     "hifigan": "stepaudio2.flashcosyvoice.modules.hifigan",
     "token2wav": "stepaudio2.token2wav",
 }
-_modules_cache: types.SimpleNamespace | None = None
+_modules: types.SimpleNamespace | None = None
 
 
 def installed_version() -> str | None:
-    """Version of the installed ``minicpmo-utils`` distribution, or None."""
     return workloads.installed_version(RELEASE.dist)
 
 
 def unavailable_reason() -> str | None:
-    """Why the stock workload cannot be built here (None when it can)."""
     return workloads.unavailable_reason("token2wav")
 
 
@@ -168,71 +140,55 @@ def _stand_in(name: str, attrs: tuple[str, ...]) -> types.ModuleType:
     mod.__spec__ = importlib.machinery.ModuleSpec(name, None, origin=None)
     mod.__duplexcadence_stand_in__ = True
 
-    def _missing(*_a: Any, **_k: Any) -> Any:
-        raise RuntimeError(
-            f"{name} is a stand-in: the bench Token2Wav never calls checkpoint/prompt code"
-        )
-
-    for attr in attrs:
-        setattr(mod, attr, _missing)
+    def missing(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError(f"{name} is a stand-in: the bench never calls checkpoint/prompt code")
 
     def __getattr__(attr: str) -> Any:  # PEP 562
         raise AttributeError(f"{name}.{attr}: {name} is an import stand-in (not installed)")
 
+    for attr in attrs:
+        setattr(mod, attr, missing)
     mod.__getattr__ = __getattr__  # type: ignore[method-assign]
     return mod
 
 
 @contextlib.contextmanager
-def _import_stand_ins():
-    inserted: list[str] = []
-    mods: dict[str, types.ModuleType] = {}
-    for name, attrs in _IMPORT_STAND_INS.items():
-        if name in sys.modules:  # already imported for real: use that
-            continue
-        mods[name] = _stand_in(name, attrs)
-        sys.modules[name] = mods[name]
-        inserted.append(name)
-    for name, mod in mods.items():  # wire parent.child attributes among stand-ins
+def _import_stand_ins() -> Any:
+    """Stand-ins for the names not imported for real, taken out again afterwards."""
+    mods = {n: _stand_in(n, a) for n, a in _STAND_INS.items() if n not in sys.modules}
+    for name, mod in mods.items():
+        sys.modules[name] = mod
         parent, _, child = name.rpartition(".")
         if parent in mods:
             setattr(mods[parent], child, mod)
     try:
         yield
     finally:
-        for name in inserted:
-            if sys.modules.get(name) is mods[name]:
+        for name, mod in mods.items():
+            if sys.modules.get(name) is mod:
                 del sys.modules[name]
 
 
 def import_stepaudio2() -> types.SimpleNamespace:
-    """The stock submodules, imported without running ``stepaudio2/__init__.py``.
-
-    Returns a namespace with attributes flow, flow_matching, decoder_dit,
-    upsample_encoder_v2, hifigan, token2wav (the real modules). Raises ImportError
-    when the distribution is missing or is not version 1.0.6.
-    """
-    global _modules_cache
-    if _modules_cache is not None:
-        return _modules_cache
+    """The stock submodules (attributes as ``_SUBMODULES``), imported without running
+    ``stepaudio2/__init__.py``; ImportError when 1.0.6 is not installed."""
+    global _modules
+    if _modules is not None:
+        return _modules
     reason = unavailable_reason()
     if reason is not None:
         raise ImportError(reason)
     register_bare_parent("stepaudio2")
-    # upsample_encoder_v2.py imports torch._dynamo, whose import probes third-party
-    # specs (trace_rules.THIRDPARTY_SKIPLIST names onnxruntime): import it first so it
-    # never sees a stand-in.
+    # torch._dynamo probes third-party specs (onnxruntime) at import: import it before
+    # a stand-in exists.
     importlib.import_module("torch._dynamo")
     with _import_stand_ins():
         mods = {key: importlib.import_module(name) for key, name in _SUBMODULES.items()}
     parent = sys.modules["stepaudio2"]
     if getattr(parent, "__duplexcadence_bare_parent__", False):
         parent.Token2wav = mods["token2wav"].Token2wav  # what the real __init__ exports
-    _modules_cache = types.SimpleNamespace(**mods)
-    return _modules_cache
-
-
-# --------------------------------------------------------------------------- build
+    _modules = types.SimpleNamespace(**mods)
+    return _modules
 
 
 def _fill_all_zero_params(module: torch.nn.Module, std: float) -> list[str]:
@@ -246,37 +202,26 @@ def _fill_all_zero_params(module: torch.nn.Module, std: float) -> list[str]:
     return names
 
 
-def build_flow(seed: int = 0) -> tuple[torch.nn.Module, list[str]]:
-    """The real CausalMaskedDiffWithXvec of FLOW_CONFIG on the CPU, seeded random weights.
-
-    Construction order is hyperpyyaml's for flow.yaml (encoder, estimator, CFM, flow).
-    Returns (flow, names of the parameters re-filled because they were all zero).
-    """
+def build_flow_and_hift(seed: int) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+    """The real flow of FLOW_CONFIG (hyperpyyaml's construction order: encoder,
+    estimator, CFM, flow) and HiFT on the CPU, seeded; and the re-filled parameters."""
     m = import_stepaudio2()
     torch.manual_seed(subseed(seed, 0))
     encoder = m.upsample_encoder_v2.UpsampleConformerEncoderV2(**FLOW_CONFIG["encoder"])
     estimator = m.decoder_dit.DiT(**FLOW_CONFIG["estimator"])
     decoder = m.flow_matching.CausalConditionalCFM(estimator, **FLOW_CONFIG["cfm"])
     flow = m.flow.CausalMaskedDiffWithXvec(encoder=encoder, decoder=decoder, **FLOW_CONFIG["flow"])
-    refilled = _fill_all_zero_params(flow, ZERO_PARAM_FILL_STD)
-    return flow, refilled
-
-
-def build_hift(seed: int = 0) -> tuple[torch.nn.Module, list[str]]:
-    """The real HiFTGenerator() (no arguments, as Token2wav.__init__), seeded, on the CPU."""
-    m = import_stepaudio2()
+    refilled = {"flow": _fill_all_zero_params(flow, ZERO_PARAM_FILL_STD)}
     torch.manual_seed(subseed(seed, 1))
-    hift = m.hifigan.HiFTGenerator(**HIFT_KWARGS)
-    refilled = _fill_all_zero_params(hift, ZERO_PARAM_FILL_STD)
-    return hift, refilled
+    hift = m.hifigan.HiFTGenerator()
+    refilled["hift"] = _fill_all_zero_params(hift, ZERO_PARAM_FILL_STD)
+    return flow, hift, refilled
 
 
 def make_prompt(seed: int, prompt_frames: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``Token2wav.cache`` as ``_prepare_prompt`` returns it, from seeded random values.
-
-    (prompt_speech_tokens (1, F/2) int32, prompt_speech_tokens_lens (1,) int32,
-    spk_emb (1, 192) fp32, prompt_mels (1, F, 80) fp32, prompt_mels_lens (1,) int32).
-    """
+    """``Token2wav.cache`` as ``_prepare_prompt`` returns it, from seeded random values:
+    (tokens (1, F/2) int32, their length (1,) int32, spk_emb (1, 192), mels (1, F, 80),
+    mel length (1,) int32)."""
     if prompt_frames % 2:
         raise ValueError("prompt_frames must be even (2 mel frames per token)")
     g = torch.Generator().manual_seed(subseed(seed, 2))
@@ -284,38 +229,35 @@ def make_prompt(seed: int, prompt_frames: int, device: torch.device) -> tuple[to
     tokens = torch.randint(0, VOCAB_SIZE, (1, n_tok), generator=g, dtype=torch.int32)
     mels = torch.randn(1, prompt_frames, MEL_BINS, generator=g)
     spk = torch.randn(1, SPK_DIM, generator=g)
-    return (
-        tokens.to(device),
-        torch.tensor([n_tok], dtype=torch.int32, device=device),
-        spk.to(device),
-        mels.to(device),
-        torch.tensor([prompt_frames], dtype=torch.int32, device=device),
-    )
+    lens = [torch.tensor([n], dtype=torch.int32, device=device) for n in (n_tok, prompt_frames)]
+    return tokens.to(device), lens[0], spk.to(device), mels.to(device), lens[1]
 
 
 def set_stream_cache(t2w: Any) -> tuple[dict, dict]:
-    """Token2wav.set_stream_cache (token2wav.py:145-170) minus its prints and _prepare_prompt.
-
-    Uses ``t2w.cache``; returns (stream_cache, hift_cache_dict) like the vendor method
-    (which, like it, the caller assigns to the object).
-    """
-    prompt_speech_tokens, _lens, spk_emb, prompt_mels, _mel_lens = t2w.cache
-    device = prompt_speech_tokens.device
-    right_pad_speech_tokens = (
-        torch.ones(1, 3, device=device, dtype=prompt_speech_tokens.dtype) * SILENCE_TOKEN
-    )
+    """Token2wav.set_stream_cache (token2wav.py:145-170) minus its prints and
+    _prepare_prompt, from ``t2w.cache``: (stream_cache, hift_cache_dict) for the caller
+    to assign, as the vendor's."""
+    tokens, _lens, spk_emb, mels, _mel_lens = t2w.cache
+    device = tokens.device
+    pad = torch.ones(1, 3, device=device, dtype=tokens.dtype) * SILENCE_TOKEN
     stream_cache = t2w.flow.setup_cache(
-        torch.cat([prompt_speech_tokens, right_pad_speech_tokens], dim=1),
-        prompt_mels,
-        spk_emb,
-        n_timesteps=t2w.n_timesteps,
+        torch.cat([tokens, pad], dim=1), mels, spk_emb, n_timesteps=t2w.n_timesteps
     )
     hift_cache_dict = dict(
-        mel=torch.zeros(1, prompt_mels.shape[2], 0, device=device),
+        mel=torch.zeros(1, mels.shape[2], 0, device=device),
         source=torch.zeros(1, 1, 0, device=device),
         speech=torch.zeros(1, 0, device=device),
     )
     return stream_cache, hift_cache_dict
+
+
+@dataclass
+class BenchInfo:
+    seed: int
+    device: torch.device
+    prompt_frames: int
+    refilled_params: dict[str, list[str]]
+    version: str | None
 
 
 def build_token2wav(
@@ -324,149 +266,89 @@ def build_token2wav(
     prompt_frames: int = PROMPT_FRAMES,
     before_priming: Any = None,
 ) -> Any:
-    """The vendor ``Token2wav`` object, ready for ``stream()``, with seeded random weights.
-
-    Attributes are those ``Token2wav.__init__`` sets (token2wav.py:65-100) with the
-    checkpoint-only ones (``audio_tokenizer``, ``spk_model``) set to None, plus ``cache``
-    (a seeded random prompt) and ``stream_cache``/``hift_cache_dict`` as the stock client
-    sets them after ``set_stream_cache``. Extra bookkeeping lives in ``t2w.bench``.
-
-    ``before_priming(t2w)``, if given, runs while the modules are still on the CPU,
-    before anything reaches ``device`` and before the prompt is primed: an adapter's
-    ``bind(t2w, device=..., capture=False)`` there replaces the stock buffers by its
-    demand-sized regions, so the stock envelopes never occupy the device.
-    """
-    m = import_stepaudio2()
-    device = torch.device(device)
-    flow, flow_refilled = build_flow(seed)
-    hift, hift_refilled = build_hift(seed)
-
-    Token2wav = m.token2wav.Token2wav
-    t2w = Token2wav.__new__(Token2wav)
-    t2w.float16 = False
-    t2w.n_timesteps = N_TIMESTEPS
-    t2w.audio_tokenizer = None
-    t2w.spk_model = None
-    t2w.flow = flow
-    t2w.hift = hift
-    t2w.cache = None
+    """The vendor ``Token2wav``, ready for ``stream()``, with seeded random weights: the
+    attributes ``Token2wav.__init__`` sets (token2wav.py:65-100; the checkpoint-only
+    ``audio_tokenizer`` and ``spk_model`` None), a seeded prompt as ``cache``, and
+    ``stream_cache`` / ``hift_cache_dict`` as the stock client sets them; ``t2w.bench``
+    holds our bookkeeping. ``before_priming(t2w)`` runs while the modules are still on
+    the CPU: an adapter's ``bind(t2w, capture=False)`` there replaces the stock buffers
+    by its demand-sized regions, so the stock envelopes never occupy the device."""
+    m, device = import_stepaudio2(), torch.device(device)
+    flow, hift, refilled = build_flow_and_hift(seed)
+    t2w = m.token2wav.Token2wav.__new__(m.token2wav.Token2wav)
+    t2w.float16, t2w.n_timesteps = False, N_TIMESTEPS
+    t2w.audio_tokenizer = t2w.spk_model = t2w.cache = None
+    t2w.flow, t2w.hift = flow, hift
     t2w.mel_cache_len = 8  # token2wav.py:95
     t2w.source_cache_len = int(t2w.mel_cache_len * 480)  # token2wav.py:96
-    # token2wav.py:97 -- float64, as np.hamming gives; fade_in_out computes in float64.
+    # token2wav.py:97 -- float64, as np.hamming gives; fade_in_out computes in float64
     t2w.speech_window = torch.from_numpy(np.hamming(2 * t2w.source_cache_len)).to(device)
     t2w.hift_cache_dict = {}
     if before_priming is not None:
         before_priming(t2w)
-    t2w.flow = flow.to(device).eval()
-    t2w.hift = hift.to(device).eval()
-
+    t2w.flow, t2w.hift = flow.to(device).eval(), hift.to(device).eval()
     t2w.cache = make_prompt(seed, prompt_frames, device)
     t2w.stream_cache, t2w.hift_cache_dict = set_stream_cache(t2w)
     torch.manual_seed(seed)  # the per-call device RNG HiFT's source module draws from
-    t2w.bench = BenchInfo(
-        seed=seed,
-        device=device,
-        prompt_frames=prompt_frames,
-        refilled_params={"flow": flow_refilled, "hift": hift_refilled},
-        version=installed_version(),
-    )
+    t2w.bench = BenchInfo(seed, device, prompt_frames, refilled, installed_version())
     return t2w
 
 
-@dataclass
-class BenchInfo:
-    seed: int
-    device: torch.device
-    prompt_frames: int
-    refilled_params: dict[str, list[str]] = field(default_factory=dict)
-    version: str | None = None
-
-
-# -------------------------------------------------------------------------- driving
-
-
-class _AutocastOnDevice:
-    """``torch.amp`` whose ``autocast("cuda", ...)`` means the object's device."""
-
-    def __init__(self, device: torch.device):
-        self._device = device
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch.amp, name)
-
-    def autocast(self, device_type: str, dtype: torch.dtype | None = None, **kwargs: Any):
-        if device_type == "cuda" and self._device.type != "cuda":
-            device_type = self._device.type
-            # What torch itself does on CPU for an unsupported fast dtype (fp32): disable
-            # (autocast_mode.py warns and sets enabled=False); said here to skip the warning.
-            if dtype not in (torch.float16, torch.bfloat16):
-                kwargs["enabled"] = False
-        return torch.amp.autocast(device_type, dtype=dtype, **kwargs)
-
-
 class _TorchOnDevice(types.ModuleType):
-    """The real ``torch`` except that device='cuda' in factory calls means ``device``."""
-
-    _FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange")
+    """The real ``torch``, except that ``device='cuda'`` in factory calls and
+    ``amp.autocast("cuda", ...)`` mean ``device``."""
 
     def __init__(self, device: torch.device):
         super().__init__("torch")
         self._device = device
-        self.amp = _AutocastOnDevice(device)
-        for fname in self._FACTORIES:
-            setattr(self, fname, self._mapped(getattr(torch, fname)))
-
-    def _map(self, dev: Any) -> Any:
-        if dev is not None and torch.device(dev).type == "cuda":
-            return self._device
-        return dev
+        self.amp = types.SimpleNamespace(autocast=self._autocast)
+        for name in ("tensor", "zeros", "ones", "empty", "full", "arange"):
+            setattr(self, name, self._mapped(getattr(torch, name)))
 
     def _mapped(self, fn: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            if "device" in kwargs:
-                kwargs["device"] = self._map(kwargs["device"])
+            dev = kwargs.get("device")
+            if dev is not None and torch.device(dev).type == "cuda":
+                kwargs["device"] = self._device
             return fn(*args, **kwargs)
 
         call.__name__ = fn.__name__
         return call
 
+    def _autocast(self, device_type: str, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
+        if device_type == "cuda" and self._device.type != "cuda":
+            device_type = self._device.type
+            # what torch does on CPU for an unsupported fast dtype (fp32): disable; said
+            # here to skip autocast_mode.py's warning
+            if dtype not in (torch.float16, torch.bfloat16):
+                kwargs["enabled"] = False
+        return torch.amp.autocast(device_type, dtype=dtype, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
 
-_stream_on_device_cache: dict[torch.device, Any] = {}
+_stream_on: dict[torch.device, Any] = {}
 
 
 def vendor_stream_on(device: Any) -> Any:
-    """``Token2wav.stream``'s own code object, with its global ``torch`` bound for ``device``.
-
-    On the current CUDA device this is the vendor function itself.
-    """
-    m = import_stepaudio2()
-    vendor = m.token2wav.Token2wav.stream
-    device = torch.device(device)
-    if device.type == "cuda" and (
-        device.index is None or device.index == torch.cuda.current_device()
-    ):
+    """``Token2wav.stream``'s own code object with its global ``torch`` bound for
+    ``device``; on the current CUDA device, the vendor function itself."""
+    vendor, device = import_stepaudio2().token2wav.Token2wav.stream, torch.device(device)
+    if device.type == "cuda" and device.index in (None, torch.cuda.current_device()):
         return vendor
-    fn = _stream_on_device_cache.get(device)
-    if fn is None:
-        g = dict(vendor.__globals__)
-        g["torch"] = _TorchOnDevice(device)
-        fn = types.FunctionType(
-            vendor.__code__, g, vendor.__name__, vendor.__defaults__, vendor.__closure__
-        )
-        fn.__kwdefaults__ = vendor.__kwdefaults__
-        fn.__qualname__ = vendor.__qualname__
-        _stream_on_device_cache[device] = fn
-    return fn
+    if device not in _stream_on:
+        g = {**vendor.__globals__, "torch": _TorchOnDevice(device)}
+        code, name = vendor.__code__, vendor.__name__
+        fn = types.FunctionType(code, g, name, vendor.__defaults__, vendor.__closure__)
+        fn.__kwdefaults__, fn.__qualname__ = vendor.__kwdefaults__, vendor.__qualname__
+        _stream_on[device] = fn
+    return _stream_on[device]
 
 
 def stream_chunk(t2w: Any, tokens: list[int], last_chunk: bool) -> np.ndarray:
-    """One stock ``Token2wav.stream(tokens, prompt_wav=None, last_chunk, return_waveform=True)``.
-
-    Runs on ``t2w.bench.device``; returns the chunk's PCM as a 1-D float32 array.
-    """
+    """One stock ``Token2wav.stream(tokens, None, last_chunk, return_waveform=True)`` on
+    ``t2w.bench.device``; the chunk's PCM as a 1-D float32 array."""
     fn = vendor_stream_on(t2w.bench.device)
     wav = fn(t2w, list(tokens), None, last_chunk=last_chunk, return_waveform=True)
     assert wav.dtype == np.float32 and wav.shape[0] == 1, (wav.dtype, wav.shape)
@@ -479,43 +361,31 @@ class TokenChunk:
     last_chunk: bool
 
 
-def token_stream(
-    seed: int, n_chunks: int, chunk_tokens: int = CHUNK_TOKENS, lookahead: int = PRE_LOOKAHEAD
-) -> list[TokenChunk]:
-    """Seeded token chunks exactly as a streaming client passes them to ``stream()``.
-
-    The stock client (Step-Audio2 examples) keeps a buffer and, while it holds
-    ``chunk_tokens + lookahead`` tokens, calls ``stream(buffer[:28])`` and drops the first
-    ``chunk_tokens``; at the end it calls ``stream(buffer, last_chunk=True)`` on what is
-    left. Here the utterance is ``n_chunks * chunk_tokens + lookahead`` tokens and the
-    end of speech is known when the last window fills, so every call gets 28 tokens:
-    calls 0..n-2 are ``tokens[25 i : 25 i + 28]`` with ``last_chunk=False`` (the encoder
-    drops the 3 lookahead tokens: 25 tokens -> 50 mel frames), and call n-1 is
-    ``tokens[25 (n-1) :]`` (28 tokens) with ``last_chunk=True`` (the encoder zero-pads 3
-    lookahead frames instead: 28 tokens -> 56 mel frames). Consecutive calls overlap by
-    the 3 lookahead tokens.
-    """
+def token_stream(seed: int, n_chunks: int) -> list[TokenChunk]:
+    """Seeded token chunks as a streaming client passes them to ``stream()``: the stock
+    client (Step-Audio2 examples) calls ``stream(buffer[:28])`` while its buffer holds
+    25 + 3 lookahead tokens and drops the first 25; at the end ``stream(buffer,
+    last_chunk=True)``. Here the utterance is ``25 n + 3`` tokens, so every call gets
+    28: calls 0..n-2 ``tokens[25 i : 25 i + 28]`` (the encoder drops the lookahead: 50
+    mel frames), call n-1 with ``last_chunk=True`` (3 zero-padded frames: 56)."""
     if n_chunks < 1:
         raise ValueError("n_chunks must be >= 1")
     g = torch.Generator().manual_seed(subseed(seed, 3))
-    total = n_chunks * chunk_tokens + lookahead
-    ids = torch.randint(0, VOCAB_SIZE, (total,), generator=g).tolist()
+    ids = torch.randint(0, VOCAB_SIZE, (n_chunks * CHUNK_TOKENS + PRE_LOOKAHEAD,), generator=g)
+    ids, size = ids.tolist(), CHUNK_TOKENS + PRE_LOOKAHEAD
     return [
-        TokenChunk(
-            tokens=ids[i * chunk_tokens : i * chunk_tokens + chunk_tokens + lookahead],
-            last_chunk=(i == n_chunks - 1),
-        )
+        TokenChunk(ids[i * CHUNK_TOKENS : i * CHUNK_TOKENS + size], i == n_chunks - 1)
         for i in range(n_chunks)
     ]
 
 
 def carry_lengths(t2w: Any) -> dict[str, int]:
     """Current attended lengths of the stock carries (mel frames)."""
-    sc = t2w.stream_cache
+    sc, hc = t2w.stream_cache, t2w.hift_cache_dict
     return {
         "estimator": int(sc["estimator_att_cache"].shape[4]),
         "conformer": int(sc["conformer_att_cache"].shape[3]),
-        "hift_mel": int(t2w.hift_cache_dict["mel"].shape[2]),
-        "hift_source": int(t2w.hift_cache_dict["source"].shape[2]),
-        "hift_speech": int(t2w.hift_cache_dict["speech"].shape[1]),
+        "hift_mel": int(hc["mel"].shape[2]),
+        "hift_source": int(hc["source"].shape[2]),
+        "hift_speech": int(hc["speech"].shape[1]),
     }

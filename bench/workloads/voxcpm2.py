@@ -218,17 +218,22 @@ def state_summary(stream: StockStream) -> list[dict[str, Any]]:
     return out
 
 
-def bind_adapter(stream: StockStream, device: Any = None, *, capture: bool = True) -> Any:
-    """Bind the generated adapter (contracts/voxcpm2.clock) to an open stream.
+def bind_adapter(
+    stream: StockStream, device: Any = None, *, capture: bool = True, backend: Any = None
+) -> Any:
+    """Bind the generated adapter (contracts/voxcpm2.clock) to a freshly opened stream.
 
-    The vendor creates each state entry on a layer's first streaming call (the first
-    chunk takes the ``F.pad`` branch), so the contract's sites exist only after the first
-    chunk: bind after it. The bound object is ``vae`` (the callable ``vae.decode``, which
-    ``decode_chunk`` calls) and ``conv_states`` (the padding state by module path).
+    The bound object has two roots: ``vae`` (the callable ``vae.decode``, which
+    ``decode_chunk`` calls) and ``stream`` (the vendor ``StreamingVAEDecoder``, whose
+    ``_states`` dict the contract's sites key by module identity). The vendor creates
+    each entry on a layer's first streaming call (the F.pad branch, zeros on the left);
+    the contract declares them ``initial zeros``, so binding before the first chunk
+    creates them as zeros and every chunk replays. ``backend``: a graph backend
+    (tests pass ``FakeGraphBackend`` to replay on the CPU).
     """
-    if stream.decoder is None or stream.chunks < 1:
-        raise RuntimeError("bind_adapter: decode the first chunk of the stream first")
+    if stream.decoder is None or stream.chunks:
+        raise RuntimeError("bind_adapter: bind a freshly opened stream, before its first chunk")
     from duplexcadence.generated import voxcpm2 as adapter
 
-    model = types.SimpleNamespace(vae=stream.vae, conv_states=ConvStates(stream.decoder))
-    return adapter.bind(model, device=device, capture=capture, progress=False)
+    model = types.SimpleNamespace(vae=stream.vae, stream=stream.decoder)
+    return adapter.bind(model, device=device, capture=capture, progress=False, backend=backend)

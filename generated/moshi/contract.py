@@ -24,10 +24,7 @@ TARGET = "moshi==0.2.13"
 SOURCE_SHA256 = "cf1c2fdb4d41a8544b238bf5eb0193d145541e1efa3d35388707ac766335993e"
 
 # Settings the exactness guarantee depends on; bind() applies them, unbind() restores.
-DETERMINISM = {
-    "cudnn.benchmark": False,
-    "cudnn.deterministic": True,
-}
+DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
 # provides each (carry | allocate | stock | pinned | declared) and where: the fields
@@ -111,25 +108,19 @@ CATALOG = {
     "lm_step": CatalogDecl(
         args=(TensorSpec((1, 8, 1), torch.int64),),
         # class name (every leaf is shared)
-        rows={
-            "-": (),
-        },
+        rows={"-": ()},
     ),
     # mimi_decode: width 1 (bound |Q|*prod K*|A| = 1)
     "mimi_decode": CatalogDecl(
         args=(TensorSpec((1, 8, 1), torch.int64, stride=(9, 1, 1), offset=1),),
         # class name (every leaf is shared)
-        rows={
-            "-": (),
-        },
+        rows={"-": ()},
     ),
     # mimi_encode: width 1 (bound |Q|*prod K*|A| = 1)
     "mimi_encode": CatalogDecl(
         args=(TensorSpec((1, 1, 1920), torch.float32),),
         # class name (every leaf is shared)
-        rows={
-            "-": (),
-        },
+        rows={"-": ()},
     ),
 }
 

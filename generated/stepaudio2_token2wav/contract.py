@@ -29,10 +29,7 @@ TARGET = "minicpmo-utils==1.0.6"
 SOURCE_SHA256 = "855768171c2b336df059a6511634cb22d9d1bbdf157939e0b32b994c05046f35"
 
 # Settings the exactness guarantee depends on; bind() applies them, unbind() restores.
-DETERMINISM = {
-    "cudnn.benchmark": False,
-    "cudnn.deterministic": True,
-}
+DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
 # provides each (carry | allocate | stock | pinned | declared) and where: the fields

@@ -27,10 +27,7 @@ TARGET = "minicpmo-utils==1.0.6"
 SOURCE_SHA256 = "b2b87475232f628ee6e372b94033b7c3b9accc7cf5e688b5919a1f81455f04d7"
 
 # Settings the exactness guarantee depends on; bind() applies them, unbind() restores.
-DETERMINISM = {
-    "cudnn.benchmark": False,
-    "cudnn.deterministic": True,
-}
+DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
 # provides each (carry | allocate | stock | pinned | declared) and where: the fields
@@ -128,10 +125,7 @@ CATALOG = {
             OneOf(TensorSpec((1, 1, 0), torch.float32), TensorSpec((1, 1, 3840), torch.float32)),
         ),
         # class name: the index picked in each OneOf (speech_feat, cache_source)
-        rows={
-            "mel_frames=50,source_len=0": (0, 0),
-            "mel_frames=58,source_len=3840": (1, 1),
-        },
+        rows={"mel_frames=50,source_len=0": (0, 0), "mel_frames=58,source_len=3840": (1, 1)},
     ),
 }
 

@@ -29,10 +29,7 @@ TARGET = "minicpmo-utils==1.0.6"
 SOURCE_SHA256 = "f35fe94f7c4c619ffd1c5eb4a2506932c1ccb978aafce29628078c2a1431cc90"
 
 # Settings the exactness guarantee depends on; bind() applies them, unbind() restores.
-DETERMINISM = {
-    "cudnn.benchmark": False,
-    "cudnn.deterministic": True,
-}
+DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
 # provides each (carry | allocate | stock | pinned | declared) and where: the fields

@@ -27,10 +27,7 @@ TARGET = "minicpmo-utils==1.0.6"
 SOURCE_SHA256 = "79402712835a1f5fae1fd101a44b3d608bfb6706261fb6eed70b6fde9ad4c325"
 
 # Settings the exactness guarantee depends on; bind() applies them, unbind() restores.
-DETERMINISM = {
-    "cudnn.benchmark": False,
-    "cudnn.deterministic": True,
-}
+DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
 # provides each (carry | allocate | stock | pinned | declared) and where: the fields

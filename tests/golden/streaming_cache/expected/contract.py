@@ -28,9 +28,7 @@ TARGET = "example==1.0"
 SOURCE_SHA256 = "4b534f89442d250c097a976d70c2f1aac66544693e8c0e52282f73b5a0ae525a"
 
 # Settings the exactness guarantee depends on; bind() applies them, unbind() restores.
-DETERMINISM = {
-    "cudnn.deterministic": True,
-}
+DETERMINISM = {"cudnn.deterministic": True}
 
 # Regions at demand size (the clock-extent axis holds the envelope extent), how bind()
 # provides each (carry | allocate | stock | pinned | declared) and where: the fields
@@ -63,9 +61,7 @@ CATALOG = {
     "noisy": CatalogDecl(
         args=(TensorSpec((1, 4), torch.float32),),
         # class name (every leaf is shared)
-        rows={
-            "-": (),
-        },
+        rows={"-": ()},
     ),
     # step: width 3 (bound |Q|*prod K*|A| = 6)
     "step": CatalogDecl(

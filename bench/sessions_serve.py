@@ -1,0 +1,203 @@
+"""Token2Wav sessions through the Ray Serve application (runtime/serve), for the cadence
+harness: ``python -m bench.cadence --workload bench.sessions_serve``.
+
+The sessions, their inputs and their reference are those of bench/sessions_token2wav.py
+(same workload name, the same seeded tokens, voices and device random streams, each
+session's bytes against its solo run on ``stock_procs``); what changes is the server:
+
+* ``serve_gpus_1`` / ``serve_gpus_2`` — ``RayServer``: the worker process is the
+  client. It starts an embedded Ray cluster and the application (one replica per GPU,
+  each one binding of ``stepaudio2_token2wav`` with ``lanes`` replay lanes, at most
+  ``max_sessions`` sessions), then every client thread opens its session, sends its
+  chunks and resets through the ingress handle. Its latency is arrival to PCM back
+  in the client, Ray's hops included.
+* ``adapter_lanes`` — the same pool in process (sessions_token2wav), the baseline of the
+  Ray path's added latency.
+
+``token2wav()`` is the ServedModel the replicas load (``--model
+bench.sessions_serve:token2wav``). ``python -m bench.sessions_serve summarise JSON`` adds
+the top-level ``gpus_1``/``gpus_2`` records (and the Ray path's added p95) to a sweep's
+JSON; the sweep rewrites its JSON, so run it after every sweep or ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from duplexcadence.runtime.serve import ServeConfig, ServedModel
+
+from bench.cadence import Arm, Chunk, SessionSpec, SessionWorkload
+from bench.harness.process import write_json
+from bench.sessions_token2wav import (
+    CONTRACT,
+    MODEL_SEED,
+    SESSIONS as T2W,
+    chunk_tokens,
+    open_pooled,
+    session_tokens,
+    voice_of,
+)
+from bench.workloads import token2wav as W
+
+LANES = 8  # per replica: the in-process arm's lanes (bench/results/sessions_h200)
+MAX_SESSIONS = 64  # per replica, above the 44 measured at cadence: misses mark the limit
+
+
+# ------------------------------------------------------------ replica side
+def _build(device: Any, bind: Any) -> Any:
+    return W.build_token2wav(seed=MODEL_SEED, device=device, before_priming=bind)
+
+
+def _open(t2w: Any, pool: Any, params: dict) -> Any:
+    return open_pooled(pool, t2w, int(params["voice"]), int(params["seed"]))
+
+
+def _step(session: Any, payload: dict) -> Any:
+    with torch.inference_mode():
+        return session.run(W.stream_chunk, session.obj, payload["tokens"], payload["last_chunk"])
+
+
+def token2wav() -> ServedModel:
+    """Token2Wav 1.0.6 (seeded random weights) as a served model: params ``{"voice",
+    "seed"}``, payload ``{"tokens": 28 ids, "last_chunk": bool}``, output float32 PCM."""
+    return ServedModel(build=_build, open=_open, step=_step)
+
+
+# ------------------------------------------------------------- client side
+class RayServer:
+    """The cadence harness's server protocol over the application's ingress handle."""
+
+    def __init__(self, arm: Arm, device: torch.device) -> None:
+        from duplexcadence.runtime.serve.app import init_local, start
+
+        gpus = int(arm.options["gpus"])
+        cuda = torch.device(device).type == "cuda"
+        self.config = ServeConfig(
+            contract=f"duplexcadence.generated.{CONTRACT}",
+            model="bench.sessions_serve:token2wav",
+            replicas=gpus,
+            gpus_per_replica=1.0 if cuda else 0.0,
+            lanes=int(arm.options.get("lanes", LANES)) if cuda else 1,
+            max_sessions=int(arm.options.get("max_sessions", MAX_SESSIONS)),
+            stall_s=60.0,  # a replica busy capturing is slow, not dead
+        )
+        init_local(
+            num_cpus=max(2, gpus * 2),
+            object_store_mib=256,
+            paths=(Path(__file__).resolve().parents[1],),
+            shared_host=not cuda,  # a CPU host here is shared by other programs
+            log_to_driver=False,
+        )
+        self.handle = start(self.config)
+        self._wait_up(timeout_s=900)
+
+    def _wait_up(self, timeout_s: float) -> None:
+        t = time.time()
+        while time.time() - t < timeout_s:
+            if all(r["up"] for r in self.handle.stats.remote().result()["replicas"]):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"replicas not up within {timeout_s:.0f} s")
+
+    def open(self, spec: SessionSpec) -> dict:
+        sid = self.handle.open.remote({"voice": voice_of(spec), "seed": spec.seed}).result()
+        return {"sid": sid, "tokens": session_tokens(spec)}
+
+    def submit(self, s: dict, chunk: Chunk) -> dict:
+        payload = {"tokens": chunk_tokens(s["tokens"], chunk), "last_chunk": chunk.last_in_turn}
+        return {"pcm": self.handle.chunk.remote(s["sid"], payload).result()}
+
+    def reset(self, s: dict) -> None:
+        self.handle.reset.remote(s["sid"]).result()
+
+    def close(self, s: dict) -> None:
+        self.handle.close.remote(s["sid"]).result()
+
+    def stats(self) -> dict:
+        return {"config": vars(self.config), **self.handle.stats.remote().result()}
+
+
+def server(arm: Arm, device: Any) -> Any:
+    return RayServer(arm, device) if "gpus" in arm.options else T2W.server(arm, device)
+
+
+SESSIONS = SessionWorkload(
+    name=T2W.name,
+    arms=(
+        T2W.arm("stock_procs"),
+        T2W.arm("adapter_lanes"),
+        Arm(
+            "serve_gpus_1",
+            "inproc",
+            f"Ray Serve: one replica (1 GPU, {LANES} lanes), clients through the ingress",
+            options={"gpus": 1, "lanes": LANES},
+        ),
+        Arm(
+            "serve_gpus_2",
+            "inproc",
+            f"Ray Serve: two replicas (1 GPU, {LANES} lanes each), clients through the ingress",
+            options={"gpus": 2, "lanes": LANES},
+        ),
+    ),
+    reference=T2W.reference,
+    streams=T2W.streams,
+    server=server,
+    base_env=T2W.base_env,
+)
+
+
+# ---------------------------------------------------------------- summary
+def _at(doc: dict, arm: str, n: Any) -> dict:
+    return doc.get("per_n", {}).get(arm, {}).get(str(n), {}) if n is not None else {}
+
+
+def summarise(doc: dict) -> dict:
+    """``gpus_1``/``gpus_2`` (the serve arms: largest N at cadence, p95 at that N,
+    every hashed session exact) and the Ray path's added p95 over the in-process pool
+    at the same N on one GPU."""
+    out = {}
+    for key, arm in (("gpus_1", "serve_gpus_1"), ("gpus_2", "serve_gpus_2")):
+        a = doc.get("arms", {}).get(arm, {})
+        best = a.get("max_sessions_at_cadence")
+        out[key] = {
+            "max_sessions_at_cadence": best,
+            "p95_ms": _at(doc, arm, best).get("p95_ms"),
+            "all_sessions_exact": a.get("all_sessions_exact"),
+            "arm": arm,
+        }
+    g1, g2 = out["gpus_1"]["max_sessions_at_cadence"], out["gpus_2"]["max_sessions_at_cadence"]
+    out["scaling_2_over_1"] = round(g2 / g1, 3) if g1 and g2 else None
+    common = sorted(
+        set(doc.get("per_n", {}).get("serve_gpus_1", {}))
+        & set(doc.get("per_n", {}).get("adapter_lanes", {})),
+        key=int,
+    )
+    out["ray_added_p95_ms"] = {
+        n: round(_at(doc, "serve_gpus_1", n)["p95_ms"] - _at(doc, "adapter_lanes", n)["p95_ms"], 3)
+        for n in common
+        if _at(doc, "serve_gpus_1", n).get("p95_ms") is not None
+        and _at(doc, "adapter_lanes", n).get("p95_ms") is not None
+    }
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "summarise":
+        print("usage: python -m bench.sessions_serve summarise RESULTS.json", file=sys.stderr)
+        return 2
+    path = Path(argv[1])
+    doc = json.loads(path.read_text())
+    doc.update(summarise(doc))
+    write_json(path, doc)
+    print(json.dumps({k: doc[k] for k in ("gpus_1", "gpus_2", "scaling_2_over_1", "ray_added_p95_ms")}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,308 @@
+"""The Ray Serve application: one replica per GPU, an ingress with session affinity.
+
+Contract of this layer (the only module that imports ray; ``runtime.serve`` imports it
+on demand): ``build_app(config)`` is the application, ``start(config)`` runs it on a
+local (embedded) Ray cluster and returns the ingress handle.
+
+* ``Replica`` — a deployment per device (``replica_0`` .. ``replica_{n-1}``, one replica
+  each, ``gpus_per_replica`` GPUs): a ``ReplicaServer`` (one binding, one SessionPool),
+  its calls on a thread pool of one thread per session place so sessions run on lanes
+  at once and the event loop stays free for the heartbeat stream.
+* ``Ingress`` — opens a session on the up replica with the most headroom and pins every
+  later request of it there (router.SessionTable). One deployment per device makes the
+  pin an address a stock Serve handle reaches; Serve's routers (pow-2, queue length)
+  know no affinity. A heartbeat stream per replica (``watch``) tells the ingress a
+  replica died the moment Ray ends the stream: its sessions fail at once — a request in
+  flight and every later one get ``SessionLost`` — while Serve starts a replacement,
+  which comes up under a new incarnation with empty sessions. Methods (handle API):
+  ``open(params) -> session id``, ``chunk(id, payload) -> output``, ``reset(id)``,
+  ``close(id)``, ``stats()``; over HTTP, the WebSocket ``/sessions`` (``websocket``).
+"""
+
+# No `from __future__ import annotations` here: FastAPI must see the WebSocket
+# annotation of a class-based route as a type (Serve rewrites its signature; a string
+# left unresolved makes the route refuse every connection with a 403).
+import asyncio
+import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator
+
+import numpy as np
+import ray
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import ReplicaUnavailableError
+
+from .config import ServeConfig
+from .errors import ServeError, SessionLost
+from .replica import ReplicaServer
+from .router import SessionTable
+
+LOG = logging.getLogger("duplexcadence.serve")
+DEAD = (RayActorError, ReplicaUnavailableError)  # what Ray raises for a replica that died
+
+
+@serve.deployment
+class Replica:
+    def __init__(self, config: ServeConfig) -> None:
+        self.server = ReplicaServer(config)
+        self.executor = ThreadPoolExecutor(config.max_sessions + 2, thread_name_prefix="session")
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def open(self, params: dict) -> tuple[str, int]:
+        return self.server.incarnation, await self._call(self.server.open, params)
+
+    async def step(self, incarnation: str, sid: int, payload: Any) -> Any:
+        return await self._call(self.server.step, incarnation, sid, payload)
+
+    async def reset(self, incarnation: str, sid: int) -> None:
+        await self._call(self.server.reset, incarnation, sid)
+
+    async def close(self, incarnation: str, sid: int) -> None:
+        await self._call(self.server.close, incarnation, sid)
+
+    async def stats(self) -> dict:
+        return self.server.stats()
+
+    async def watch(self, period_s: float) -> AsyncIterator[dict]:
+        """The heartbeat stream: the ingress learns the replica's incarnation here and
+        learns its death when Ray ends this stream with an error."""
+        while True:
+            yield {"incarnation": self.server.incarnation, "headroom": self.server.headroom()}
+            await asyncio.sleep(period_s)
+
+
+http = FastAPI(title="duplexcadence sessions")
+
+
+@serve.deployment(max_ongoing_requests=100_000)
+@serve.ingress(http)
+class Ingress:
+    def __init__(self, config: ServeConfig, *replicas: Any) -> None:
+        self.config = config
+        self.replicas = list(replicas)
+        self.table = SessionTable(len(replicas), config.max_sessions)
+        self.gone: dict[tuple[int, str], asyncio.Event] = {}  # (replica, incarnation) died
+        self.watchers: list[asyncio.Task] = []
+        self.first_beat: asyncio.Event | None = None
+
+    # ------------------------------------------------------------- liveness
+    async def _ready(self) -> None:
+        if not self.watchers:
+            self.first_beat = asyncio.Event()
+            self.watchers = [asyncio.create_task(self._watch(i)) for i in range(len(self.replicas))]
+        await self.first_beat.wait()
+
+    async def _watch(self, index: int) -> None:
+        """Follow replica ``index`` for ever: up at its first beat, down when its
+        stream ends or stalls, up again under the replacement's incarnation."""
+        handle = self.replicas[index].options(stream=True)
+        while True:
+            incarnation, why = None, "its heartbeat stream ended"
+            try:
+                beats = handle.watch.remote(self.config.heartbeat_s).__aiter__()
+                while True:
+                    beat = await asyncio.wait_for(beats.__anext__(), self.config.stall_s)
+                    if beat["incarnation"] != incarnation:
+                        if incarnation is not None:
+                            self._down(index, incarnation, "it was replaced")
+                        incarnation = beat["incarnation"]
+                        for sid in self.table.up(index, incarnation):
+                            LOG.warning("%s", self.table.lost.get(sid))
+                        self.first_beat.set()
+            except asyncio.TimeoutError:
+                why = f"no heartbeat for {self.config.stall_s:.1f} s"
+            except Exception as e:  # noqa: BLE001 - any end of the stream is a death
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if incarnation is not None:
+                self._down(index, incarnation, why)
+            await asyncio.sleep(self.config.heartbeat_s)
+
+    def _down(self, index: int, incarnation: str, why: str) -> None:
+        lost = self.table.down(index, incarnation, why)
+        self._gone(index, incarnation).set()
+        if lost:
+            LOG.warning("replica %d (%s) died (%s): %d session(s) lost", index, incarnation[:8], why, len(lost))  # fmt: skip
+
+    def _gone(self, index: int, incarnation: str) -> asyncio.Event:
+        return self.gone.setdefault((index, incarnation), asyncio.Event())
+
+    async def _on(self, index: int, incarnation: str, call: Any, sid: str) -> Any:
+        """Await a replica's answer, or fail as soon as that replica is known dead."""
+        task = asyncio.ensure_future(call)
+        gone = asyncio.ensure_future(self._gone(index, incarnation).wait())
+        try:
+            done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if task not in done:
+            task.cancel()
+        else:
+            try:
+                return task.result()
+            except ServeError as e:  # the replica's refusal, without Ray's traceback around it
+                cause = getattr(e, "cause", e)
+                raise type(cause)(*cause.args) from None
+            except DEAD as e:
+                self._down(index, incarnation, f"{type(e).__name__} answering a request")
+        raise SessionLost(
+            self.table.lost.get(sid)
+            or f"session {sid} is lost: replica {index} ({incarnation[:8]}) died"
+        )
+
+    # ------------------------------------------------------------ handle API
+    async def open(self, params: dict | None = None) -> str:
+        await self._ready()
+        index, incarnation = self.table.choose()  # Overloaded: refused before any work
+        local = None
+        try:
+            call = self.replicas[index].open.remote(params or {})
+            got, local = await self._on(index, incarnation, call, "(opening)")
+            if got != incarnation:  # the replica was replaced between beat and call
+                local = None
+                raise SessionLost(f"replica {index} was replaced while the session opened")
+        except SessionLost as e:
+            raise SessionLost(f"no session opened: replica {index} died meanwhile ({e})") from None
+        finally:
+            sid = self.table.opened(index, incarnation, local)
+        return sid
+
+    async def chunk(self, sid: str, payload: Any) -> Any:
+        pin = self.table.lookup(sid)  # SessionUnknown / SessionLost
+        call = self.replicas[pin.replica].step.remote(pin.incarnation, pin.local, payload)
+        return await self._on(pin.replica, pin.incarnation, call, sid)
+
+    async def reset(self, sid: str) -> None:
+        pin = self.table.lookup(sid)
+        call = self.replicas[pin.replica].reset.remote(pin.incarnation, pin.local)
+        await self._on(pin.replica, pin.incarnation, call, sid)
+
+    async def close(self, sid: str) -> None:
+        pin = self.table.close(sid)
+        if pin is not None and self.table.is_up(pin.replica, pin.incarnation):
+            call = self.replicas[pin.replica].close.remote(pin.incarnation, pin.local)
+            try:
+                await self._on(pin.replica, pin.incarnation, call, sid)
+            except SessionLost:
+                pass  # its replica died meanwhile: nothing is left to release
+
+    async def stats(self) -> dict:
+        await self._ready()
+        out = self.table.stats()
+        for r in out["replicas"]:
+            if r["up"]:
+                try:
+                    r["server"] = await asyncio.wait_for(
+                        self.replicas[r["index"]].stats.remote(), self.config.stall_s
+                    )
+                except Exception as e:  # noqa: BLE001 - a dying replica has no stats
+                    r["server"] = {"error": f"{type(e).__name__}"}
+        return out
+
+    # ---------------------------------------------------------------- HTTP
+    @http.websocket("/sessions")
+    async def websocket(self, ws: WebSocket) -> None:
+        """One session per connection. The client sends JSON text messages: first
+        ``{"open": params}`` (answer ``{"session": id}``), then ``{"chunk": payload}``
+        (answer: the output as a binary float32 frame) or ``{"reset": true}`` (answer
+        ``{"ok": true}``); an error is answered ``{"error": type, "message": ...}``. The
+        session closes with the connection."""
+        await ws.accept()
+        sid = None
+        try:
+            while True:
+                msg = json.loads(await ws.receive_text())
+                try:
+                    if sid is None:
+                        sid = await self.open(msg.get("open") or {})
+                        await ws.send_json({"session": sid})
+                    elif "chunk" in msg:
+                        out = await self.chunk(sid, msg["chunk"])
+                        await ws.send_bytes(np.asarray(out, dtype=np.float32).tobytes())
+                    elif msg.get("reset"):
+                        await self.reset(sid)
+                        await ws.send_json({"ok": True})
+                    else:
+                        raise ValueError(f"unknown message {sorted(msg)}")
+                except (ServeError, ValueError) as e:
+                    await ws.send_json({"error": type(e).__name__, "message": str(e)})
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if sid is not None:
+                try:
+                    await self.close(sid)
+                except ServeError:
+                    pass
+
+
+def build_app(config: ServeConfig) -> Any:
+    """The application: ``config.replicas`` replica deployments behind one ingress."""
+    opts = {"num_gpus": config.gpus_per_replica, "num_cpus": config.cpus_per_replica}
+    replicas = [
+        Replica.options(
+            name=f"replica_{i}",
+            num_replicas=1,
+            ray_actor_options=opts,
+            max_ongoing_requests=config.max_sessions + 8,  # every session's step + the watch
+            health_check_period_s=1.0,
+        ).bind(config)
+        for i in range(config.replicas)
+    ]
+    return Ingress.options(ray_actor_options={"num_cpus": 0}).bind(config, *replicas)
+
+
+def init_local(
+    *,
+    num_cpus: int | None = None,
+    object_store_mib: int | None = None,
+    paths: tuple = (),
+    shared_host: bool = False,
+    log_to_driver: bool = True,
+) -> None:
+    """An embedded Ray cluster on this machine (no dashboard). ``paths`` go on the
+    workers' PYTHONPATH in front of the driver's (user code that is not installed: a
+    ``--model`` module in a checkout); ``shared_host``: Ray's memory monitor off — it
+    counts the whole node and would kill replicas for memory other programs use."""
+    if shared_host:
+        os.environ["RAY_memory_monitor_refresh_ms"] = "0"
+    pythonpath = os.pathsep.join([*map(str, paths), *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        num_cpus=num_cpus,
+        object_store_memory=None if object_store_mib is None else object_store_mib * 2**20,
+        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}} if pythonpath else None,
+        log_to_driver=log_to_driver,
+    )
+
+
+def start(
+    config: ServeConfig,
+    *,
+    http_port: int | None = None,
+    host: str = "127.0.0.1",
+) -> Any:
+    """Run the application and return its ingress handle. Starts an embedded local Ray
+    cluster unless one is initialised; ``http_port`` None serves handles only."""
+    if not ray.is_initialized():
+        init_local()
+    if http_port is None:
+        serve.start(proxy_location="Disabled")
+    else:
+        serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": http_port})
+    t = time.perf_counter()
+    handle = serve.run(
+        build_app(config),
+        name=config.name,
+        route_prefix="/",
+        logging_config={"enable_access_log": False, "log_level": "WARNING"},
+    )
+    LOG.info("%s up in %.1f s", config.name, time.perf_counter() - t)
+    return handle

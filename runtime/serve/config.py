@@ -1,0 +1,45 @@
+"""The served application's settings: one value, pickled to every replica.
+
+``contract``: the generated adapter package (``duplexcadence.generated.<name>``: any
+importable module with the generated ``bind(model, *, device, capture, progress)``);
+``model``: the ``package.module:function`` of a ServedModel (model.py). One replica per
+device: ``replicas`` of them, each given ``gpus_per_replica`` GPUs by Ray (0: the CPU)
+and serving at most ``max_sessions`` sessions on ``lanes`` replay lanes — take both from
+the capacity plan (``clockc plan CONTRACT --profile PROFILE --lanes K``: its sessions
+per GPU at the cadence). A replica whose heartbeat stream (one beat every
+``heartbeat_s``) ends or stalls for ``stall_s`` is taken as dead: its sessions fail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    contract: str
+    model: str
+    replicas: int = 1
+    gpus_per_replica: float = 0.0
+    cpus_per_replica: float = 0.0
+    lanes: int = 1
+    max_sessions: int = 4
+    heartbeat_s: float = 0.2
+    stall_s: float = 10.0
+    name: str = "duplexcadence"
+
+    def __post_init__(self) -> None:
+        for field in ("replicas", "lanes", "max_sessions"):
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{field} must be a positive int, got {v!r}")
+        for field in ("gpus_per_replica", "cpus_per_replica"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field} must not be negative")
+        if not 0 < self.heartbeat_s < self.stall_s:
+            raise ValueError("need 0 < heartbeat_s < stall_s")
+
+    @property
+    def device(self) -> str:
+        """What a replica serves on: its GPU (Ray sets CUDA_VISIBLE_DEVICES) or the CPU."""
+        return "cuda" if self.gpus_per_replica > 0 else "cpu"

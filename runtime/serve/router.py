@@ -1,0 +1,139 @@
+"""Session affinity: which replica holds which session, and what is left of each.
+
+Contract of this layer (pure, ray-free; the ingress in app.py owns one table and calls
+it from its event loop): a replica is *up* under an incarnation once its heartbeat is
+seen, *down* once it ends. ``choose`` picks, for a new session, the up replica with the
+most headroom (capacity minus its open and opening sessions: the capacity plan's
+numbers, ``ServeConfig.max_sessions``) and reserves a place there; every later request
+of that session is routed by ``lookup`` to the same replica and incarnation. ``down``
+fails every session of that incarnation at once: their next (or in-flight) request gets
+``SessionLost``; sessions elsewhere are untouched. No replica with headroom: ``Overloaded``
+at open, never a missed deadline later.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from .errors import Overloaded, SessionLost, SessionUnknown
+
+
+@dataclass(frozen=True)
+class Pin:
+    replica: int
+    incarnation: str
+    local: int  # the session's id on its replica
+
+
+@dataclass
+class _Replica:
+    index: int
+    capacity: int
+    incarnation: str | None = None  # None: down (starting, or being replaced)
+    sessions: set[str] = field(default_factory=set)
+    opening: int = 0
+
+    @property
+    def headroom(self) -> int:
+        return self.capacity - len(self.sessions) - self.opening
+
+
+class SessionTable:
+    def __init__(self, replicas: int, capacity: int) -> None:
+        self.replicas = [_Replica(i, capacity) for i in range(replicas)]
+        self.pins: dict[str, Pin] = {}
+        self.lost: dict[str, str] = {}  # session -> why (until the client closes it)
+        self._ids = itertools.count()
+        self.refused = 0
+
+    # ---------------------------------------------------------------- replicas
+    def up(self, index: int, incarnation: str) -> list[str]:
+        """Replica ``index`` answers as ``incarnation``; a different one than before
+        means the old one died: its sessions are returned as lost."""
+        r = self.replicas[index]
+        lost = []
+        if r.incarnation is not None and r.incarnation != incarnation:
+            lost = self.down(index, r.incarnation, "it was replaced")
+        r.incarnation = incarnation
+        return lost
+
+    def down(self, index: int, incarnation: str, why: str) -> list[str]:
+        """Replica ``index`` under ``incarnation`` is gone: fail its sessions."""
+        r = self.replicas[index]
+        if r.incarnation != incarnation:
+            return []  # already handled (or never seen)
+        r.incarnation = None
+        lost = sorted(r.sessions)
+        for sid in lost:
+            self.pins.pop(sid, None)
+            self.lost[sid] = (
+                f"session {sid} is lost: replica {index} ({incarnation[:8]}) died ({why}); "
+                f"its state is gone, open a new session"
+            )
+        r.sessions.clear()
+        return lost
+
+    def is_up(self, index: int, incarnation: str) -> bool:
+        return self.replicas[index].incarnation == incarnation
+
+    # ---------------------------------------------------------------- sessions
+    def choose(self) -> tuple[int, str]:
+        """Reserve a place for a new session on the up replica with the most headroom."""
+        up = [r for r in self.replicas if r.incarnation is not None]
+        best = max(up, key=lambda r: (r.headroom, -r.index), default=None)
+        if best is None or best.headroom <= 0:
+            self.refused += 1
+            cap = sum(r.capacity for r in up)
+            raise Overloaded(
+                f"no capacity for a new session: {len(up)} of {len(self.replicas)} replicas "
+                f"up, {cap - sum(r.headroom for r in up)} of {cap} session places taken"
+            )
+        best.opening += 1
+        return best.index, best.incarnation
+
+    def opened(self, index: int, incarnation: str, local: int | None) -> str | None:
+        """End a reservation: with the replica's session id, pin and return a new
+        session id; with None (the open failed), release the place."""
+        r = self.replicas[index]
+        r.opening -= 1
+        if local is None or r.incarnation != incarnation:
+            return None
+        sid = f"s{next(self._ids)}-{incarnation[:8]}-{local}"
+        self.pins[sid] = Pin(index, incarnation, local)
+        r.sessions.add(sid)
+        return sid
+
+    def lookup(self, sid: str) -> Pin:
+        pin = self.pins.get(sid)
+        if pin is not None:
+            return pin
+        if sid in self.lost:
+            raise SessionLost(self.lost[sid])
+        raise SessionUnknown(f"no open session {sid!r}: never opened here, or closed")
+
+    def close(self, sid: str) -> Pin | None:
+        """Forget the session; its pin if it was open (a lost one is only forgotten)."""
+        if self.lost.pop(sid, None) is not None:
+            return None
+        pin = self.lookup(sid)
+        del self.pins[sid]
+        self.replicas[pin.replica].sessions.discard(sid)
+        return pin
+
+    def stats(self) -> dict:
+        return {
+            "replicas": [
+                {
+                    "index": r.index,
+                    "up": r.incarnation is not None,
+                    "incarnation": r.incarnation,
+                    "open": len(r.sessions),
+                    "headroom": r.headroom,
+                }
+                for r in self.replicas
+            ],
+            "open": len(self.pins),
+            "lost": len(self.lost),
+            "refused": self.refused,
+        }

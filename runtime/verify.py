@@ -1,0 +1,350 @@
+"""Verification against the model: a bound copy streamed beside a stock copy.
+
+Contract of this layer. ``verify_stream(bind, spec, chunks)`` builds two copies of the
+user's model with the ``StreamSpec`` (streams.py), binds one with a contract's
+generated ``bind`` and leaves the other stock, then drives both with the same seeded
+traffic, one chunk each in turn. After every chunk it compares, bit for bit
+(audit.py: shape, dtype and every element's bit pattern):
+
+  * every output the chunk yielded, leaf by leaf (``output[1]["pcm"]``);
+  * every declared region that holds state across calls (lifetime turn, session,
+    process) and has a site: the value at that site on the bound copy (the carry's
+    view after its writeback) against the value at the same site on the stock copy
+    (what the model's own trim kept after the same chunk). This is the audit that
+    catches a wrong retention: ``bind(audit=True)`` checks the writeback against the
+    contract's own policy, which a wrong policy passes; here the reference is the
+    model. A stock buffer larger than the demand-sized region is compared on its
+    leading part, the only part any consumer reads (binding.install_region).
+
+The first divergence is reported by name (the output path or the region and its
+site), chunk index, both shapes, the first differing element with both values, and
+the box of indices holding every differing element; then verification **stops**:
+past a divergence the two copies no longer see the same state, so later
+comparisons would only repeat it. An exception raised by the bound copy is a
+divergence too (a contract whose shapes do not fit the model fails there).
+
+Both copies draw from their own random-number streams: the global generators are
+swapped per copy around each chunk, so a model that draws randomness sees the same
+numbers in both copies. On a CPU the bound copy runs the simulated backend by
+default (``backend="simulate"``: the real admission and signature policy), so the
+verdict also says how many calls replayed; on CUDA, real graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .audit import bitwise_equal, difference_box, first_difference
+from .binding import _leading_part
+from .sites import SiteError, format_path, get_at
+from .streams import StreamSpec
+
+# Regions whose value after a chunk is read by a later call: the state to compare.
+# Scratch (operator, unit, chunk) is dead once its call returns.
+STATE_LIFETIMES = frozenset({"turn", "session", "process"})
+
+
+@dataclass(frozen=True)
+class Divergence:
+    chunk: int  # 0-based index of the chunk after which the copies differ
+    kind: str  # "output" | "region" | "error" | "length"
+    name: str  # output path, region name, or what failed
+    site: str | None = None  # a region's site on the model
+    stock_shape: tuple[int, ...] | None = None
+    bound_shape: tuple[int, ...] | None = None
+    index: tuple[int, ...] | None = None  # first differing element
+    box: tuple[tuple[int, int], ...] = ()  # per dim: first and last differing index
+    count: int | None = None  # differing elements (same shapes only)
+    stock_value: Any = None
+    bound_value: Any = None
+    note: str = ""
+
+    def describe(self) -> str:
+        where = f"{self.kind} {self.name}" + (f" (site {self.site})" if self.site else "")
+        head = f"first divergence: {where} after chunk {self.chunk}"
+        parts = [self.note] if self.note else []
+        if self.stock_shape != self.bound_shape:
+            parts.append(f"shape stock {self.stock_shape}, bound {self.bound_shape}")
+        if self.index is not None:
+            parts.append(
+                f"first differing element {self.index}: stock {self.stock_value!r}, "
+                f"bound {self.bound_value!r}"
+            )
+        if self.box:
+            span = ", ".join(f"{lo}:{hi + 1}" for lo, hi in self.box)
+            within = " of the extent both hold" if self.stock_shape != self.bound_shape else ""
+            parts.append(f"{self.count} elements{within} differ, all within [{span}]")
+        return head + "".join(f"\n  {p}" for p in parts)
+
+
+@dataclass
+class Verdict:
+    contract: str
+    device: str
+    backend: str
+    chunks: int  # requested
+    compared: int = 0  # chunks compared before stopping
+    outputs: int = 0  # output leaves compared
+    regions: list[str] = field(default_factory=list)  # regions compared after each chunk
+    skipped_regions: dict[str, str] = field(default_factory=dict)  # region -> why not
+    divergence: Divergence | None = None
+    replay: dict[str, dict] = field(default_factory=dict)  # callable -> calls, hits, misses
+    report: str = ""  # the bound copy's binding.report()
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None and self.compared == self.chunks
+
+    def describe(self) -> str:
+        if self.divergence is not None:
+            lines = [self.divergence.describe()]
+        else:
+            what = ", ".join(self.regions) or "none"
+            lines = [
+                f"verified {self.compared}/{self.chunks} chunks of {self.contract} on "
+                f"{self.device}: every output and every state region ({what}) bit-identical "
+                "to the stock copy"
+            ]
+        for name, why in self.skipped_regions.items():
+            lines.append(f"  region {name} not compared: {why}")
+        for name, r in self.replay.items():
+            misses = ", ".join(f"{k}={v}" for k, v in sorted(r["misses"].items()))
+            lines.append(
+                f"  callable {name}: {r['hits']}/{r['calls']} calls replayed ({self.backend})"
+                + (f"; eager: {misses}" if misses else "")
+            )
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["ok"] = self.ok
+        if self.divergence is not None:
+            out["divergence"] = dict(out["divergence"], describe=self.divergence.describe())
+        return out
+
+
+def verify_stream(
+    bind: Callable[..., Any],
+    spec: StreamSpec,
+    chunks: int,
+    *,
+    device: str | torch.device | None = None,
+    backend: str | None = None,
+) -> Verdict:
+    """Stream ``chunks`` chunks through a stock copy and a copy bound with ``bind``
+    (a generated adapter's ``bind``) and compare them (see module docstring)."""
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    device = torch.device(device if device is not None else spec.device)
+    if backend is None:
+        backend = "cuda" if device.type == "cuda" else "simulate"
+    stock, bound = spec.build(), spec.build()
+    binding = bind(bound, device=device, backend=backend, progress=False)
+    verdict = Verdict(binding.contract, str(device), backend, chunks)
+    state_regions = []
+    for r in binding.decl.regions.values():
+        if r.site is None:
+            verdict.skipped_regions[r.name] = "no site on the model"
+        elif r.spec.lifetime not in STATE_LIFETIMES:
+            verdict.skipped_regions[r.name] = f"scratch (lifetime {r.spec.lifetime})"
+        else:
+            state_regions.append(r)
+    verdict.regions = [r.name for r in state_regions]
+    rng = _RngStreams(device)
+    stock_stream = rng.wrap("stock", spec.drive(stock, chunks))
+    bound_stream = rng.wrap("bound", spec.drive(bound, chunks))
+    try:
+        for chunk in range(chunks):
+            found = _next_pair(stock_stream, bound_stream, chunk)
+            if isinstance(found, Divergence):
+                verdict.divergence = found
+                break
+            expected, actual = found
+            verdict.divergence = _compare_outputs(expected, actual, chunk, verdict)
+            if verdict.divergence is None:
+                verdict.divergence = _compare_regions(stock, bound, state_regions, chunk)
+            if verdict.divergence is not None:
+                break
+            verdict.compared = chunk + 1
+    finally:
+        stock_stream.close()
+        bound_stream.close()
+        rng.restore()
+    for name, s in binding.stats()["callables"].items():
+        verdict.replay[name] = {"calls": s["calls"], "hits": s["hits"], "misses": s["misses"]}
+    verdict.report = binding.report()
+    return verdict
+
+
+# ----------------------------------------------------------------- streaming
+class _RngStreams:
+    """One random-number stream per copy: the global generators' states are saved
+    and loaded around each step of a copy, both starting from the state now."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda" and torch.cuda.is_available()
+        start = self._get()
+        self.states = {"stock": start, "bound": start}
+        self.start = start
+
+    def _get(self) -> tuple:
+        return (torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.cuda else None)
+
+    def _set(self, state: tuple) -> None:
+        torch.set_rng_state(state[0])
+        if self.cuda:
+            torch.cuda.set_rng_state_all(state[1])
+
+    def wrap(self, copy: str, stream: Iterator[Any]) -> Iterator[Any]:
+        def stepped() -> Iterator[Any]:
+            while True:
+                self._set(self.states[copy])
+                try:
+                    item = next(stream)
+                except StopIteration:
+                    return
+                finally:
+                    self.states[copy] = self._get()
+                yield item
+
+        return stepped()
+
+    def restore(self) -> None:
+        self._set(self.start)
+
+
+_END = object()
+
+
+def _next_pair(stock: Iterator[Any], bound: Iterator[Any], chunk: int) -> Any:
+    expected = next(stock, _END)
+    if expected is _END:
+        return Divergence(chunk, "length", "stream", note="the stock stream ended early")
+    try:
+        actual = next(bound, _END)
+    except Exception as exc:  # the contract does not fit the model: a finding, named
+        return Divergence(chunk, "error", type(exc).__name__, note=f"bound copy raised: {exc}")
+    if actual is _END:
+        return Divergence(chunk, "length", "stream", note="the bound stream ended early")
+    return expected, actual
+
+
+# ----------------------------------------------------------------- comparing
+def _compare_outputs(expected: Any, actual: Any, chunk: int, verdict: Verdict) -> Any:
+    stock_leaves, bound_leaves = _named_leaves(expected, "output"), _named_leaves(actual, "output")
+    if list(stock_leaves) != list(bound_leaves):
+        missing = [p for p in stock_leaves if p not in bound_leaves]
+        extra = [p for p in bound_leaves if p not in stock_leaves]
+        return Divergence(
+            chunk,
+            "output",
+            (missing or extra)[0],
+            note=f"output structure differs (stock only: {missing}, bound only: {extra})",
+        )
+    for path, a in stock_leaves.items():
+        verdict.outputs += 1
+        found = _compare(a, bound_leaves[path], chunk, "output", path)
+        if found is not None:
+            return found
+    return None
+
+
+def _compare_regions(stock: Any, bound: Any, regions: list, chunk: int) -> Divergence | None:
+    for r in regions:
+        site = format_path(r.site)
+        a, b = _at(stock, r.site), _at(bound, r.site)
+        if a is _END and b is _END:
+            continue  # neither copy has the state yet (created by a later chunk)
+        if a is _END or b is _END:
+            where = "stock" if a is _END else "bound"
+            return Divergence(
+                chunk, "region", r.name, site, note=f"site missing on the {where} copy"
+            )
+        if r.install == "allocate" and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            a = _leading_part(a, tuple(b.shape)) if a.shape != b.shape else a
+            if a is None:
+                a = _at(stock, r.site)  # cannot hold the region: compare as is (shape differs)
+        found = _compare(a, b, chunk, "region", r.name, site)
+        if found is not None:
+            return found
+    return None
+
+
+def _at(model: Any, site: tuple) -> Any:
+    try:
+        return get_at(model, site)
+    except (SiteError, LookupError, AttributeError):
+        return _END
+
+
+def _compare(a: Any, b: Any, chunk: int, kind: str, name: str, site: str | None = None) -> Any:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        if type(a) is type(b) and not isinstance(a, torch.Tensor) and _plain_equal(a, b):
+            return None
+        return Divergence(
+            chunk,
+            kind,
+            name,
+            site,
+            stock_value=_show(a),
+            bound_value=_show(b),
+            note="values differ",
+        )
+    if bitwise_equal(a, b):
+        return None
+    shapes = dict(stock_shape=tuple(a.shape), bound_shape=tuple(b.shape))
+    if a.dtype != b.dtype:
+        return Divergence(chunk, kind, name, site, **shapes, note=f"dtype {a.dtype} vs {b.dtype}")
+    a, b = a.detach().cpu(), b.detach().cpu()
+    index = first_difference(a, b)
+    values = {}
+    if index is not None and len(index) == a.dim():
+        values = dict(stock_value=_value(a, index), bound_value=_value(b, index))
+    common = tuple(slice(0, min(x, y)) for x, y in zip(a.shape, b.shape))
+    # the box of differences within the extent both copies hold (all of it when the
+    # shapes agree); a longer copy's extra elements are named by the shapes
+    count, box = difference_box(a[common], b[common]) if a.dim() == b.dim() else (None, ())
+    return Divergence(
+        chunk, kind, name, site, **shapes, index=index, box=box, count=count, **values
+    )
+
+
+def _value(t: torch.Tensor, index: tuple[int, ...]) -> Any:
+    if any(i >= n for i, n in zip(index, t.shape)):
+        return None  # past this tensor's extent (the other one is longer)
+    return t[index].item()
+
+
+def _plain_equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an object without a usable ==: not comparable
+        return a is b
+
+
+def _show(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor{list(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _named_leaves(x: Any, path: str) -> dict[str, Any]:
+    """Leaves of tuples, lists and dicts by the path a user would write."""
+    out: dict[str, Any] = {}
+
+    def walk(y: Any, p: str) -> None:
+        if type(y) in (tuple, list):
+            for i, v in enumerate(y):
+                walk(v, f"{p}[{i}]")
+        elif type(y) is dict:
+            for k, v in y.items():
+                walk(v, f"{p}[{k!r}]")
+        else:
+            out[p] = y
+
+    walk(x, path)
+    return out

@@ -1,0 +1,100 @@
+"""`clockc draft`: a contract traced from the tiny model of issue 13 replays it exactly.
+
+The draft of `tiny_draft_model:stream` (a causal conv with kept left context, two
+attention layers whose KV grows by torch.cat and is trimmed to 16 frames by the loop)
+must check clean, find both KV carries with their window, clock and attended extents
+and the conv context's two layouts, bind with the fake graph backend, and replay 20
+chunks bit for bit with stock, every call a hit.
+"""
+
+import torch
+from fuzzing import import_package
+from tiny_draft_model import CONTRACT, build, drive, stream
+
+from duplexcadence.compiler.cli import main
+from duplexcadence.compiler.draft import render_draft, reserved_words
+from duplexcadence.compiler.driver import check_source, read_and_compile
+from duplexcadence.dsl.parser import parse
+from duplexcadence.runtime import FakeGraphBackend
+from duplexcadence.runtime.trace_draft import trace_stream
+
+
+def test_trace_finds_the_carries_and_the_hot_callable():
+    trace = trace_stream(stream(), 6)
+    assert [k.name for k in trace.callables] == ["step"]
+    assert [(c.label, c.axis, c.stride, c.retention, c.order) for c in trace.carries] == [
+        ("kv0", 3, 4, ("window", (16,)), "append"),
+        ("kv1", 3, 4, ("window", (16,)), "append"),
+    ]
+    assert trace.carries[0].extents == [0, 4, 8, 12, 16, 16]
+    assert trace.carries[0].site == (("attr", "state"), ("key", "kv0"))
+    (step,) = trace.callables
+    ctx = next(a for a in step.args if a.root == "ctx")
+    assert {(l.stride, l.offset) for l in ctx.layouts} == {((16, 2, 1), 0), ((48, 6, 1), 4)}
+    assert not trace.buffers and not trace.notes
+
+
+def test_draft_declares_what_the_hand_written_contract_does():
+    text = render_draft(trace_stream(stream(), 6), source="tiny_draft_model:stream")
+    assert check_source(text, "draft.clock").diagnostics == []
+    drafted, _ = parse(text)
+    hand, _ = parse(CONTRACT)
+    for mine, theirs in zip(drafted.regions, hand.regions):
+        assert (mine.name, mine.site.dotted(), mine.lifetime) == (
+            theirs.name,
+            theirs.site.dotted(),
+            theirs.lifetime,
+        )
+        assert mine.retention.kind == theirs.retention.kind == "window"
+    (step,) = drafted.callables
+    assert [(a.path.root, a.keyword) for a in step.args] == [
+        ("x", False),
+        ("ctx", False),
+        ("kv0", False),
+        ("kv1", False),
+    ]
+    assert step.aliased == ("kv0", "kv1") and [r.source.dotted() for r in step.retains] == [
+        "result[2]",
+        "result[3]",
+    ]
+    assert step.configs[0].values == ((16, 2, 0), (48, 6, 4))
+    assert "# carried by step: grown by torch.cat along axis 3" in text
+
+
+def test_cli_draft_binds_and_replays_exactly(tmp_path, capsys):
+    out = tmp_path / "tiny.clock"
+    assert (
+        main(["draft", "--stream", "tiny_draft_model:stream", "--chunks", "6", "-o", str(out)]) == 0
+    )
+    assert "checks" in capsys.readouterr().err
+    result = read_and_compile(out, emit=True, output=tmp_path / "gen")
+    assert result.ok and not result.diagnostics
+    _, adapter = import_package(result.files)
+    expected = list(drive(build(), 20))
+    model = build()
+    binding = adapter.bind(model, device="cpu", backend=FakeGraphBackend(), progress=False)
+    binding.capture(progress=False)
+    got = list(drive(model, 20))
+    assert len(got) == 20 and all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert binding.stats()["callables"]["step"]["hits"] == 20
+    binding.unbind()
+
+
+def test_cli_draft_refuses_a_bad_target(capsys):
+    assert main(["draft", "--stream", "tiny_draft_model:missing"]) == 2
+    assert "has no callable 'missing'" in capsys.readouterr().err
+
+
+def test_reserved_words_are_read_from_the_grammar():
+    words = reserved_words()
+    assert {"region", "attended", "flush", "allocate", "arg", "kwarg", "until"} <= set(words)
+    assert len(words) == len(set(words)) > 40
+
+
+def test_readme_lists_every_reserved_word():
+    from pathlib import Path
+
+    text = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    paragraph = text.split("**Reserved words.**", 1)[1].split("(`clockc draft`", 1)[0]
+    listed = paragraph.split(":", 1)[1].replace("`", "").split()
+    assert listed == list(reserved_words())

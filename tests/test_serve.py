@@ -1,0 +1,317 @@
+"""Sessions on Ray Serve (runtime/serve): the ray-free parts (affinity table, replica
+server, loader, CLI) here on every run; the application itself on a real local Ray
+cluster with two replicas (marked ``ray`` and ``slow``: a cluster costs ~15 s and ~1 GB;
+skipped with an install hint without the ``[serve]`` extra).
+
+Every session's outputs through Ray must equal the same session run alone on stock code
+(toy_stream.solo_stock), whichever replica holds it and whatever dies beside it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toy_stream import solo_stock, x_of
+
+from duplexcadence.runtime.serve import (
+    Overloaded,
+    ServeConfig,
+    ServedModelError,
+    SessionLost,
+    SessionUnknown,
+    load_served_model,
+    ray_missing,
+)
+from duplexcadence.runtime.serve.cli import config_of, parse_args
+from duplexcadence.runtime.serve.replica import ReplicaServer
+from duplexcadence.runtime.serve.router import SessionTable
+
+TESTS = Path(__file__).resolve().parent
+HTTP: dict = {}  # the fixture's WebSocket port
+TOY = ServeConfig("serve_toy", "serve_toy:served", replicas=2, max_sessions=2)
+
+
+def exact(got: list, seed: int, reset_at: tuple[int, ...] = ()) -> bool:
+    want = solo_stock(seed, len(got), reset_at)
+    return all(np.array_equal(a, b.numpy()) for a, b in zip(got, want))
+
+
+# ------------------------------------------------------------------ ray-free
+def test_runtime_imports_without_ray():
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import duplexcadence.runtime, duplexcadence.runtime.serve as s\n"
+        "assert s.ray_missing() == s.RAY_HINT, s.ray_missing()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=TESTS.parent)
+
+
+def test_table_opens_on_the_most_headroom_and_pins():
+    t = SessionTable(replicas=3, capacity=2)
+    with pytest.raises(Overloaded, match="0 of 3 replicas up"):
+        t.choose()
+    t.up(0, "a" * 32)
+    t.up(1, "b" * 32)
+    placed = []
+    for local in range(4):
+        i, inc = t.choose()
+        placed.append((i, t.opened(i, inc, local)))
+    assert [i for i, _ in placed] == [0, 1, 0, 1]
+    with pytest.raises(Overloaded, match="4 of 4 session places taken"):
+        t.choose()
+    assert t.lookup(placed[2][1]).replica == 0 and t.lookup(placed[3][1]).local == 3
+    t.close(placed[0][1])
+    with pytest.raises(SessionUnknown, match="never opened here, or closed"):
+        t.lookup(placed[0][1])
+    assert t.choose()[0] == 0  # the freed place
+    # a failed open releases its place
+    t.opened(0, "a" * 32, None)
+    assert t.stats()["replicas"][0]["headroom"] == 1
+
+
+def test_table_fails_only_the_dead_replicas_sessions():
+    t = SessionTable(replicas=2, capacity=4)
+    t.up(0, "old0" * 8)
+    t.up(1, "one1" * 8)
+    s = [t.opened(*t.choose(), k) for k in range(4)]  # 0, 1, 0, 1
+    assert t.down(0, "old0" * 8, "killed") == sorted([s[0], s[2]])
+    for sid in (s[0], s[2]):
+        with pytest.raises(SessionLost, match="replica 0 .* died \\(killed\\)"):
+            t.lookup(sid)
+    assert t.lookup(s[1]).replica == 1 and t.lookup(s[3]).replica == 1
+    assert t.down(0, "old0" * 8, "again") == []  # once
+    assert t.choose()[0] == 1  # replica 0 is down until its replacement beats
+    t.up(0, "new0" * 8)
+    assert t.choose() == (0, "new0" * 8)
+    t.close(s[0])  # closing a lost session only forgets it
+    with pytest.raises(SessionUnknown):
+        t.lookup(s[0])
+
+
+def test_replica_server_refuses_over_capacity_and_stale_incarnations(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    r = ReplicaServer(TOY)
+    a, b = r.open({"seed": 1}), r.open({"seed": 2})
+    with pytest.raises(Overloaded, match="capacity of 2 sessions"):
+        r.open({"seed": 3})
+    got = [r.step(r.incarnation, a, x_of(1, i)) for i in range(3)]
+    r.reset(r.incarnation, a)
+    got += [r.step(r.incarnation, a, x_of(1, i)) for i in range(3, 5)]
+    assert exact(got, 1, reset_at=(3,))
+    with pytest.raises(SessionLost, match="died"):
+        r.step("f" * 32, b, x_of(2, 0))
+    r.close(r.incarnation, b)
+    with pytest.raises(SessionUnknown, match=f"no open session {b}"):
+        r.step(r.incarnation, b, x_of(2, 0))
+    assert r.headroom() == 1 and r.stats()["refused"] == 1
+
+
+def test_served_model_targets_are_checked(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    assert load_served_model("serve_toy:served").step is not None
+    with pytest.raises(ServedModelError, match="not a ServedModel"):
+        load_served_model("toy_stream:decl")
+
+
+def test_cli_builds_the_config():
+    args = parse_args(["pkg.contract", "--model", "m:f", "--replicas", "2", "--lanes", "3"])
+    c = config_of(args)
+    assert (c.contract, c.model, c.replicas, c.lanes, c.device) == (
+        "pkg.contract",
+        "m:f",
+        2,
+        3,
+        "cpu",
+    )
+    with pytest.raises(ValueError, match="replicas must be a positive int"):
+        ServeConfig("c", "m:f", replicas=0)
+
+
+# ------------------------------------------------------------------ real Ray
+needs_ray = pytest.mark.skipif(ray_missing() is not None, reason=ray_missing() or "")
+
+
+def on_ray(test):
+    """A test of the application on a local Ray cluster (slow: the cluster)."""
+    return needs_ray(pytest.mark.ray(pytest.mark.slow(test)))
+
+
+@pytest.fixture(scope="module")
+def app():
+    import ray
+
+    from duplexcadence.runtime.serve.app import init_local, start
+
+    init_local(
+        num_cpus=2, object_store_mib=80, paths=(TESTS,), shared_host=True, log_to_driver=False
+    )
+    HTTP["port"] = _free_port()
+    try:
+        yield start(TOY, http_port=HTTP["port"])
+    finally:
+        ray.shutdown()  # takes Serve with it (serve.shutdown() waits ~20 s more)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _replicas(handle) -> list[dict]:
+    return handle.stats.remote().result()["replicas"]
+
+
+def _wait_all_up(handle, timeout_s: float = 60.0) -> list[dict]:
+    t = time.time()
+    while time.time() - t < timeout_s:
+        rs = _replicas(handle)
+        if all(r["up"] for r in rs):
+            return rs
+        time.sleep(0.2)
+    raise AssertionError(f"replicas not up in {timeout_s} s: {rs}")
+
+
+@on_ray
+def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app):
+    _wait_all_up(app)
+    seeds = (1, 2, 3, 4)
+    sids = {s: app.open.remote({"seed": s}).result() for s in seeds}
+    got: dict[int, list] = {s: [] for s in seeds}
+    errors: list[BaseException] = []
+
+    def client(s: int) -> None:
+        try:
+            for i in range(6):
+                if i == 4:
+                    app.reset.remote(sids[s]).result()
+                got[s].append(app.chunk.remote(sids[s], x_of(s, i)).result())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(s,)) for s in seeds]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors
+    for s in seeds:
+        assert exact(got[s], s, reset_at=(4,)), f"session {s} differs"
+    rs = _replicas(app)
+    assert [r["open"] for r in rs] == [2, 2]  # least loaded first: both replicas serve
+    assert all(r["server"]["pool"]["runs"] >= 12 for r in rs)
+    for sid in sids.values():
+        app.close.remote(sid).result()
+    with pytest.raises(SessionUnknown, match="never opened here, or closed"):
+        app.chunk.remote(sids[1], x_of(1, 6)).result()
+    with pytest.raises(SessionUnknown):
+        app.chunk.remote("no-such-session", x_of(1, 0)).result()
+
+
+@on_ray
+def test_overload_is_refused_at_open(app):
+    _wait_all_up(app)
+    sids = [app.open.remote({"seed": s}).result() for s in range(4)]  # 2 replicas x 2
+    with pytest.raises(Overloaded, match="4 of 4 session places taken"):
+        app.open.remote({"seed": 9}).result()
+    # the open sessions are unaffected, and a closed place can be taken again
+    assert exact([app.chunk.remote(sids[3], x_of(3, 0)).result()], 3)
+    app.close.remote(sids[0]).result()
+    sids[0] = app.open.remote({"seed": 0}).result()
+    for sid in sids:
+        app.close.remote(sid).result()
+
+
+@on_ray
+def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app):
+    import ray
+
+    rs = _wait_all_up(app)
+    seeds = (11, 12, 13, 14)
+    sids = {s: app.open.remote({"seed": s}).result() for s in seeds}
+    pins = {s: int(sids[s].split("-")[1] == rs[1]["incarnation"][:8]) for s in seeds}
+    assert sorted(pins.values()) == [0, 0, 1, 1]
+    got: dict[int, list] = {s: [] for s in seeds}
+    failed: dict[int, tuple[float, BaseException]] = {}
+    killed_at: list[float] = []
+
+    def client(s: int) -> None:  # a real-time client: one chunk every 50 ms
+        for i in range(60):
+            try:
+                got[s].append(app.chunk.remote(sids[s], x_of(s, i)).result())
+            except BaseException as e:  # noqa: BLE001 - checked below
+                failed[s] = (time.time(), e)
+                return
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=client, args=(s,)) for s in seeds]
+    for th in threads:
+        th.start()
+    time.sleep(0.6)
+    victim = next(
+        n
+        for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
+        if "#replica_0#" in n
+    )
+    killed_at.append(time.time())
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    for th in threads:
+        th.join(60)
+    dead = {s for s in seeds if pins[s] == 0}
+    assert set(failed) == dead, {s: repr(e) for s, (_, e) in failed.items()}
+    for s in dead:
+        at, e = failed[s]
+        assert isinstance(e, SessionLost) and "replica 0" in str(e)
+        assert (
+            at - killed_at[0] < 2.0
+        ), f"session {s} learned of the death after {at - killed_at[0]:.2f} s"
+        assert exact(got[s], s)  # every chunk it did get was right
+        with pytest.raises(SessionLost):
+            app.chunk.remote(sids[s], x_of(s, 0)).result()
+        app.close.remote(sids[s]).result()
+    for s in set(seeds) - dead:  # untouched: every chunk, every byte
+        assert len(got[s]) == 60 and exact(got[s], s)
+        app.close.remote(sids[s]).result()
+    # Serve replaces the replica; it comes up under a new incarnation and takes sessions
+    after = _wait_all_up(app, timeout_s=90)
+    assert after[0]["incarnation"] != rs[0]["incarnation"]
+    assert after[1]["incarnation"] == rs[1]["incarnation"]
+    fresh = [app.open.remote({"seed": s}).result() for s in (21, 22)]
+    assert {f.split("-")[1] for f in fresh} == {r["incarnation"][:8] for r in after}
+    assert exact([app.chunk.remote(fresh[0], x_of(21, 0)).result()], 21)
+    for f in fresh:
+        app.close.remote(f).result()
+
+
+@on_ray
+def test_websocket_session_streams_exact_pcm(app):
+    import json
+
+    from websockets.sync.client import connect
+
+    _wait_all_up(app)
+    got = []
+    with connect(f"ws://127.0.0.1:{HTTP['port']}/sessions", open_timeout=30) as ws:
+        ws.send(json.dumps({"open": {"seed": 5}}))
+        assert "session" in json.loads(ws.recv(timeout=30))
+        for i in range(4):
+            if i == 2:
+                ws.send(json.dumps({"reset": True}))
+                assert json.loads(ws.recv(timeout=30)) == {"ok": True}
+            ws.send(json.dumps({"chunk": x_of(5, i).tolist()}))
+            got.append(np.frombuffer(ws.recv(timeout=30), dtype=np.float32))
+        ws.send(json.dumps({"what": 1}))
+        assert json.loads(ws.recv(timeout=30))["error"] == "ValueError"
+    assert exact(got, 5, reset_at=(2,))
+    t = time.time()  # the session closes with the connection
+    while _replicas(app)[0]["open"] + _replicas(app)[1]["open"] and time.time() - t < 10:
+        time.sleep(0.1)
+    assert sum(r["open"] for r in _replicas(app)) == 0
