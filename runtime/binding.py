@@ -51,6 +51,9 @@ class Binding:
         self.audit = audit
         self.backend = backend  # None: CUDA graphs where available
         self.lanes: list[Any] = []
+        # session parameters (params.py): a plain binding's value, the declared capture set
+        self.params_key: tuple = ()
+        self.capture_keys: list[tuple] = []
         self.stock_callables: dict[str, Any] = {}
         self.eager: dict[str, str] = {}  # callable -> why it stays eager
         self.declared: dict[str, str] = {}  # region -> why nothing was allocated
@@ -124,6 +127,17 @@ class Binding:
                 for site, tensor in reversed(swapped):
                     set_at(self.model, site, tensor)
 
+    def use(self, params: dict | None = None) -> "Binding":
+        """Serve a plain binding (one stream) at these session-parameter values from
+        now on: the value's graphs are captured now if new (params.py)."""
+        from duplexcadence.runtime.params import resolve
+
+        if self.pool is not None:
+            raise RuntimeError("a session pool binds values per session: pool.open(params=...)")
+        self.lanes[0].use(resolve(self.decl.params, params))
+        self.params_key = self.lanes[0].key
+        return self
+
     # ---------------------------------------------------------- eager section
     @contextmanager
     def eager_section(self, lane: Any) -> Iterator[None]:
@@ -184,7 +198,7 @@ class Binding:
     def stats(self) -> dict:
         from duplexcadence.runtime.telemetry import merge_lane_stats
 
-        per_lane = [{n: e.stats() for n, e in lane.engines.items()} for lane in self.lanes]
+        per_lane = [lane.engine_stats() for lane in self.lanes]
         return {
             "contract": self.contract,
             "device": str(self.device),
@@ -200,6 +214,7 @@ class Binding:
             "constants": dict(self.constants),
             "site_rebinds": self.site_rebinds,
             "sessions": None if self.pool is None else self.pool.stats(),
+            "params": _params_stats(self),
         }
 
     def report(self, width: int = 120) -> str:
@@ -216,9 +231,35 @@ class Binding:
             lines.append(f"  constant {name}: {what}")
         for name, why in self.declared.items():
             lines.append(f"  region {name}: {why}")
+        params = _params_stats(self)
+        if params is not None:
+            held = "; ".join(", ".join(s["held"]) for s in params["lanes"])
+            lines.append(
+                f"  session parameters: graphs of {', '.join(params['per_value'])} per value; "
+                f"held {held}; {params['captures']} value capture(s) in "
+                f"{params['capture_s']:.2f} s, {params['evictions']} eviction(s)"
+            )
         if self.pool is not None:
             lines.append(self.pool.report())
         return "\n".join(lines)
+
+
+def _params_stats(b: Binding) -> dict | None:
+    """Values bound, graphs per value held and evicted, capture cost (params.py)."""
+    if b.decl is None or not b.decl.params:
+        return None
+    lanes = [lane.values.stats() for lane in b.lanes]
+    return {
+        "declared": [
+            {"name": p.name, "lo": p.lo, "hi": p.hi, "default": p.default, "capture": p.capture}
+            for p in b.decl.params
+        ],
+        "per_value": sorted(b.lanes[0]._per_value),
+        "captures": sum(s["captures"] for s in lanes),
+        "capture_s": sum(s["capture_s"] for s in lanes),
+        "evictions": sum(s["evictions"] for s in lanes),
+        "lanes": lanes,
+    }
 
 
 def _region_stats(region: Any) -> dict:

@@ -27,6 +27,7 @@ from typing import Literal
 from .ambient import AUTOCAST_OFF, Autocast
 from .classes import CaptureClass
 from .effects import Effect
+from .params import ParamDecl
 from .regions import RegionSpec
 from .retention import Retention
 from .sites import Step
@@ -41,6 +42,10 @@ class RegionDecl:
     install: Install
     retention: Retention | None = None
     site: tuple[Step, ...] | None = None
+    # session parameters (params.py): attended extents move by Σ coeff·(value − default);
+    # retention fields likewise, one term tuple per field in declared order
+    shift: tuple[tuple[str, int], ...] = ()
+    retention_shift: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     @property
     def name(self) -> str:
@@ -114,6 +119,7 @@ class ContractDecl:
     regions: dict[str, RegionDecl]
     callables: tuple[CallableDecl, ...]
     constants: tuple[ConstantDecl, ...] = ()
+    params: tuple[ParamDecl, ...] = ()  # values each session binds (params.py)
 
     def sites_to_check(self) -> dict[str, tuple[Step, ...]]:
         """Every site bind() must find before it changes anything."""
