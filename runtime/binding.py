@@ -116,16 +116,20 @@ class Binding:
         that state), under the eager lock; the sites are put back after."""
         with self.eager_lock, drawing_from(self.device, lane.rng):
             swapped = []
+            kept = dict(self._site_tensors)
             if not lane.owns_sites:
                 for r in self.decl.regions.values():
                     if r.site is not None and r.install == "allocate":
                         swapped.append((r.site, get_at(self.model, r.site)))
                         set_at(self.model, r.site, lane.regions[r.name].tensor)
+                        if r.name in self._site_tensors:  # a capture once sessions are served
+                            self._site_tensors[r.name] = lane.regions[r.name].tensor
             try:
                 yield
             finally:
                 for site, tensor in reversed(swapped):
                     set_at(self.model, site, tensor)
+                self._site_tensors = kept
 
     def use(self, params: dict | None = None) -> "Binding":
         """Serve a plain binding (one stream) at these session-parameter values from
