@@ -137,6 +137,7 @@ def analyse_params(
     for name, p in by_param.items():
         lo, hi = folded[f"{name}={p.lo}"], folded[f"{name}={p.hi}"]
         problems += _same_catalog(name, span[name], (checked, analysis), lo, hi)
+        problems += _read_shapes_fixed(contract, name, span[name], lo[1], hi[1])
     if problems:
         return None, problems
     _shifts(result, contract, checked, folded)
@@ -176,6 +177,33 @@ def _same_catalog(name, span, ref, lo, hi) -> list[Diagnostic]:
                     "CLK082",
                     f"region '{r0.name}': its attended stride or window changes with param "
                     f"'{name}' (only where extents start and stop may move)",
+                    span,
+                )
+            )
+    return out
+
+
+def _read_shapes_fixed(contract, name, span, a_lo: Analysis, a_hi: Analysis) -> list[Diagnostic]:
+    """A region a callable reads is passed as a view of its allocation: only its extent
+    axis (narrowed to the attended extent) may grow with a parameter, never another dim
+    nor a region without one (the call would see the largest value's shape)."""
+    read = {
+        a.type.region
+        for k in contract.callables
+        for a in k.args
+        if isinstance(a.type, ir.RegionArg)
+    }
+    out = []
+    for r1, r2 in zip(a_lo.regions, a_hi.regions):
+        if r1.name not in read:
+            continue
+        off_axis = [i for i in range(len(r1.shape)) if i != r1.axis or r1.bound is None]
+        if any(r1.shape[i] != r2.shape[i] for i in off_axis):
+            out.append(
+                error(
+                    "CLK082",
+                    f"region '{r1.name}' is read by a callable and its shape off its attended "
+                    f"extent changes with param '{name}' ({r1.shape} to {r2.shape})",
                     span,
                 )
             )

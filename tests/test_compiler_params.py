@@ -120,6 +120,13 @@ def test_a_parameter_may_not_move_a_staged_shape_or_the_width():
     assert "CLK082" in codes(contract(start="3 frame"))
 
 
+def test_a_read_region_may_grow_only_along_its_extent():
+    text = contract().replace(
+        "dims [frame, 8]\n  lifetime turn", "dims [frame, f_prompt]\n  lifetime turn"
+    )
+    assert "CLK082" in codes(text)
+
+
 def test_an_unused_parameter_is_a_warning():
     text = contract(params=PARAM + "\nparam other in 1..3")
     assert "CLK507" in codes(text)
