@@ -37,11 +37,12 @@ R, C, D = 7, 3, 8  # retained tail, frames per chunk, width
 
 
 class Net(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, device="cpu") -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.w = torch.nn.Parameter(torch.randn(D, D, generator=g) / 3, requires_grad=False)
-        self.scratch = torch.zeros(HI + R + C, D)
+        w = (torch.randn(D, D, generator=g) / 3).to(device)
+        self.w = torch.nn.Parameter(w, requires_grad=False)
+        self.scratch = torch.zeros(HI + R + C, D, device=device)
 
     def step(self, x, state):
         h = torch.cat([state["cache"], x @ self.w], dim=0)
@@ -55,7 +56,7 @@ class Stream:
     def __init__(self, net: Net, seed: int, frames: int) -> None:
         self.net = net
         g = torch.Generator().manual_seed(1000 + seed)
-        self.prompt = torch.randn(frames, D, generator=g)
+        self.prompt = torch.randn(frames, D, generator=g).to(net.w.device)
         self.state = {"cache": self.prompt.clone()}
 
     def chunk(self, x):
@@ -109,13 +110,14 @@ def decl(capture=(DEFAULT,), hold=2) -> ContractDecl:
     )
 
 
-def x_of(seed: int, i: int) -> torch.Tensor:
-    return torch.randn(C, D, generator=torch.Generator().manual_seed(seed * 100 + i))
+def x_of(seed: int, i: int, device="cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 100 + i)
+    return torch.randn(C, D, generator=g).to(device)
 
 
-def solo_stock(seed: int, frames: int, n: int) -> list[torch.Tensor]:
-    s = Stream(Net(), seed, frames)
-    return [s.chunk(x_of(seed, i)) for i in range(n)]
+def solo_stock(seed: int, frames: int, n: int, device="cpu") -> list[torch.Tensor]:
+    s = Stream(Net(device), seed, frames)
+    return [s.chunk(x_of(seed, i, device)) for i in range(n)]
 
 
 def step_stats(binding) -> dict:
@@ -205,4 +207,32 @@ def test_the_declared_capture_set_is_captured_at_bind():
     assert binding.stats()["params"]["captures"] == 1  # nothing captured while serving
     binding.use({"p": 3})  # a plain binding switches value: already held, no capture
     assert binding.stats()["params"]["captures"] == 1
+    binding.unbind()
+
+
+@pytest.mark.cuda
+def test_cuda_sessions_of_different_values_replay_real_graphs_exactly():
+    """The same on CUDA graphs: two lanes, values captured on first use on each lane."""
+    dev = torch.device("cuda")
+    base = Stream(Net(dev), 99, DEFAULT)
+    binding = bind_contract(base, decl(hold=2), device=dev, progress=False)
+    pool = binding.sessions(lanes=2, progress=False)
+    values = {1: 2, 2: 6, 3: 8}
+    sessions = {}
+    for seed, frames in values.items():
+        obj = copy.copy(base)
+        own = Stream(base.net, seed, frames)
+        obj.prompt, obj.state = own.prompt, own.state
+        sessions[seed] = pool.open(obj, seed=seed, params={"p": frames})
+    with torch.inference_mode():
+        got = {
+            seed: [s.run(s.obj.chunk, x_of(seed, i, dev)) for i in range(6)]
+            for seed, s in sessions.items()
+        }
+    for seed, frames in values.items():
+        want = solo_stock(seed, frames, 6, dev)
+        assert all(torch.equal(a, b) for a, b in zip(got[seed], want)), (seed, frames)
+    st = step_stats(binding)
+    assert st["eager_calls"] == 0 and st["hits"] == 18, st["misses"]
+    assert binding.stats()["params"]["captures"] >= 3
     binding.unbind()
