@@ -129,9 +129,17 @@ class Lane:
         if k.name not in self._per_value:
             self._shared[k.name] = self.engines[k.name]
 
+    def _like(self, name: str) -> ExactShapeReplay | None:
+        """The same callable's engine whose classification a new engine reuses: lane 0's
+        for a new lane; this lane's own, once it classified, for a new parameter value."""
+        own = self.engines.get(name)
+        if own is not None:
+            return own if own.effect is not None or own.rejected is not None else None
+        return self.binding.lanes[0].engines.get(name) if self.binding.lanes else None
+
     def _engine(self, k: CallableDecl, key: ParamKey) -> ExactShapeReplay:
         b = self.binding
-        first = self.index == 0 and key == b.params_key
+        like = self._like(k.name)
         return ExactShapeReplay(
             self.bodies[k.name],
             name=k.name,
@@ -157,9 +165,9 @@ class Lane:
             ],
             ambient=k.ambient,
             # lane 0 classifies effects and warms kernels, allocator and libraries; a later
-            # lane warms its own stream once (its cuBLAS workspace) and then only captures
-            warmup=2 if first or self.index == 0 else 1,
-            like=None if first or key != b.params_key else b.lanes[0]._shared.get(k.name),
+            # lane (or a new parameter value) warms each class once and then only captures
+            warmup=2 if like is None else 1,
+            like=like,
         )
 
     def _eager_body(self, k: CallableDecl) -> Callable:
