@@ -488,7 +488,7 @@ WORKLOAD = Workload(
         "compile_timeout_s": args.compile_timeout,
         "chunk_tokens": 25,
         "lookahead_tokens": 3,
-        "prompt_frames": 302,
+        "prompt_frames": 302,  # cells B0_p<N> and SRc_p<N>: N (each result's prompt_frames)
         "n_timesteps": 10,
         "dtype": "float32",
         "batch": 1,
