@@ -37,6 +37,9 @@ class T2WCell(Cell):
     adapter: str = "stepaudio2_token2wav"
     bind_before_priming: bool = True
     float16: bool = False  # the vendor's own switch: the flow runs under autocast(fp16)
+    # mel frames of the voice prompt (2 per prompt token; the vendor's example prompt is
+    # 151 tokens: 302); an adapter binds it as its session parameter f_prompt
+    prompt_frames: int = 302
 
 
 STEP, REPLAY_ONLY = "stepaudio2_token2wav_step", "stepaudio2_token2wav_replay_only"
@@ -113,6 +116,25 @@ CELLS = (
         needs_cuda=True,
         failure="torch.compile / reduce-overhead",
     ),
+)
+
+# Voice prompts of other lengths (issue 14): stock and SRc at each, SRc exact against
+# the stock cell of its own prompt. B0 and SRc are the 302-frame case. Not in the
+# default cell list; run with --cells B0,SRc,B0_p100,SRc_p100,...
+PROMPTS = (100, 200, 450, 600)
+PROMPT_CELLS = tuple(
+    cell
+    for p in PROMPTS
+    for cell in (
+        T2WCell(f"B0_p{p}", f"B0 with a {p}-frame voice prompt ({p // 2} tokens)", prompt_frames=p),
+        T2WCell(
+            f"SRc_p{p}",
+            f"SRc with a {p}-frame voice prompt, bound with params={{'f_prompt': {p}}}",
+            bind=True,
+            prompt_frames=p,
+            exact_against=f"B0_p{p}",
+        ),
+    )
 )
 
 # The vendor's bucket list (decoder_dit.py DiT._init_cuda_graph_chunk) and the live chunk:
@@ -275,13 +297,34 @@ class Token2WavRun:
 
     def _bind(self, model: Any) -> None:
         self.binding = self.adapter.bind(
-            model, device=self.ctx.device, audit=False, capture=False, progress=False
+            model,
+            device=self.ctx.device,
+            audit=False,
+            capture=False,
+            progress=False,
+            **self._params(),
         )
+
+    def _params(self) -> dict:
+        """The prompt length as the contract's session parameter, where it declares one."""
+        declared = {p.name for p in self.adapter.DECLARED.params}
+        if "f_prompt" in declared:
+            return {"params": {"f_prompt": self.cell.prompt_frames}}
+        if self.cell.prompt_frames != self.W.PROMPT_FRAMES:
+            raise CellFailed(
+                f"cell {self.cell.name}: adapter {self.cell.adapter} fixes the prompt at "
+                f"{self.W.PROMPT_FRAMES} frames (no session parameter f_prompt)"
+            )
+        return {}
 
     def build(self) -> None:
         early = self.cell.bind and self.cell.bind_before_priming
+        self.ctx.result["prompt_frames"] = self.cell.prompt_frames
         self.model = self.W.build_token2wav(
-            self.ctx.args.seed, self.ctx.device, before_priming=self._bind if early else None
+            self.ctx.args.seed,
+            self.ctx.device,
+            prompt_frames=self.cell.prompt_frames,
+            before_priming=self._bind if early else None,
         )
 
     def setup(self) -> Any:
@@ -380,7 +423,7 @@ def cell_notes(name: str, c: dict) -> list[str]:
 WORKLOAD = Workload(
     name="token2wav",
     unit="chunk",
-    cells=CELLS,
+    cells=CELLS + PROMPT_CELLS,
     reference="B0",
     start=Token2WavRun,
     streams=(
@@ -392,7 +435,13 @@ WORKLOAD = Workload(
     "1.0.6, seeded random weights) against the generated duplexcadence adapters.",
     parts={"flow": "flow.inference_chunk", "vocoder": "hift.forward"},
     final_steps=1,
-    defaults={"chunks": 16, "warmup": 3, "split_chunks": 4, "profile_chunks": 3},
+    defaults={
+        "chunks": 16,
+        "warmup": 3,
+        "split_chunks": 4,
+        "profile_chunks": 3,
+        "cells": [c.name for c in CELLS],  # the prompt cells run when asked for
+    },
     quick={
         "device": "cpu",
         "blocks": 1,
@@ -417,7 +466,7 @@ WORKLOAD = Workload(
         "compile_timeout_s": args.compile_timeout,
         "chunk_tokens": 25,
         "lookahead_tokens": 3,
-        "prompt_frames": 302,
+        "prompt_frames": 302,  # cells B0_p<N> and SRc_p<N>: N (each result's prompt_frames)
         "n_timesteps": 10,
         "dtype": "float32",
         "batch": 1,

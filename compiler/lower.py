@@ -201,10 +201,34 @@ def region_installs(c: ir.Contract) -> dict[str, str]:
     return out
 
 
+def _terms_code(terms) -> str:
+    inner = ", ".join(f"({p!r}, {c!r})" for p, c in terms)
+    return f"({inner},)" if len(terms) == 1 else f"({inner})"
+
+
+def _param_context(params) -> list[dict]:
+    """The session parameters' domains, as generated code declares them."""
+    if params is None:
+        return []
+    return [
+        {
+            "name": p.name,
+            "lo": p.lo,
+            "hi": p.hi,
+            "default": params.reference[p.name],
+            "capture": repr(tuple(p.capture)),
+            "hold": p.hold,
+            "unit": p.unit,
+        }
+        for p in sorted(params.params, key=lambda p: p.name)
+    ]
+
+
 def lower(
     checked: Checked,
     analysis: Analysis,
     *,
+    param_analysis=None,
     compiler_version: str,
     source_name: str,
     source_sha256: str,
@@ -226,19 +250,30 @@ def lower(
             else:
                 retention = f"Ring(capacity={params[0]})"
         install = installs[r.name]
+        # session parameters: allocated at the domain's largest shape, attended extents
+        # and retention sizes shifted per value (compiler/params.py)
+        pa = param_analysis
+        shape = pa.shapes[r.name] if pa is not None else a.shape
+        demand = pa.bytes_allocated[r.name] if pa is not None else a.demand_bytes
+        shift = pa.extent_shift.get(r.name) if pa is not None else None
+        rshift = pa.retention_shift.get(r.name) if pa is not None else None
         regions.append(
             {
                 "install": install,
                 "name": r.name,
                 "dtype": "bool" if r.dtype == "bool8" else r.dtype,
-                "shape": repr(a.shape),
+                "shape": repr(shape),
+                "shift": _terms_code(shift) if shift else None,
+                "retention_shift": (
+                    "(" + "".join(f"{_terms_code(t)}, " for t in rshift) + ")" if rshift else None
+                ),
                 "axis": repr(a.axis),
                 "lifetime": r.lifetime,
                 "mutability": r.mutability,
                 "retention": retention,
                 "site": steps_code(r.site, include_root=True) if r.site else None,
                 "site_shown": r.site.dotted() if r.site else None,
-                "demand_mib": f"{a.demand_bytes / 2**20:.2f}",
+                "demand_mib": f"{demand / 2**20:.2f}",
                 "stock_mib": f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
                 "rho": a.rho,
                 "attended": list(a.attended),
@@ -268,7 +303,8 @@ def lower(
         for d in sorted(c.determinism, key=lambda d: d.setting)
     ]
     return {
-        "imports": _imports(regions, callables, constants),
+        "imports": _imports(regions, callables, constants, bool(param_analysis)),
+        "params": _param_context(param_analysis),
         "compiler_version": compiler_version,
         "contract": c.name,
         "target": c.target,
@@ -281,7 +317,9 @@ def lower(
     }
 
 
-def _imports(regions: list[dict], callables: list[dict], constants: list[dict]) -> list[str]:
+def _imports(
+    regions: list[dict], callables: list[dict], constants: list[dict], params: bool = False
+) -> list[str]:
     """The runtime names contract.py uses, and no other (generated code imports only
     what it uses)."""
     used = {"CallableDecl", "ContractDecl", "Effect", "RegionDecl", "RegionSpec"}
@@ -289,6 +327,8 @@ def _imports(regions: list[dict], callables: list[dict], constants: list[dict]) 
     used |= {n for n in ("HeadTail", "Window", "Ring") if n + "(" in text}
     if constants:
         used.add("ConstantDecl")
+    if params:
+        used.add("ParamDecl")
     for k in callables:
         if k["replay"] and k["classes"]:
             used.add("CaptureClass")

@@ -30,6 +30,7 @@ GENERATED_NAMES = frozenset(
         "CONTRACT",
         "DECLARED",
         "DETERMINISM",
+        "PARAMS",
         "REGIONS",
         "SOURCE_SHA256",
         "TARGET",
@@ -44,6 +45,7 @@ GENERATED_NAMES = frozenset(
         "Counter",
         "Effect",
         "HeadTail",
+        "ParamDecl",
         "RegionDecl",
         "RegionSpec",
         "RegionView",
@@ -59,6 +61,7 @@ GENERATED_NAMES = frozenset(
         "capture",
         "progress",
         "backend",
+        "params",
     }
 )
 # Prefixes and suffixes of names generated code once derived from contract names; no

@@ -27,6 +27,7 @@ from typing import Literal
 from .ambient import AUTOCAST_OFF, Autocast
 from .classes import CaptureClass
 from .effects import Effect
+from .params import ParamDecl
 from .regions import RegionSpec
 from .retention import Retention
 from .sites import Step
@@ -44,6 +45,10 @@ class RegionDecl:
     # "zeros": the site may be absent at bind (the stock creates it on its first call and
     # reads zeros until then); bind() allocates the region zeroed and creates the site
     initial: Literal["zeros"] | None = None
+    # session parameters (params.py): attended extents move by Σ coeff·(value − default);
+    # retention fields likewise, one term tuple per field in declared order
+    shift: tuple[tuple[str, int], ...] = ()
+    retention_shift: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     @property
     def name(self) -> str:
@@ -121,6 +126,7 @@ class ContractDecl:
     regions: dict[str, RegionDecl]
     callables: tuple[CallableDecl, ...]
     constants: tuple[ConstantDecl, ...] = ()
+    params: tuple[ParamDecl, ...] = ()  # values each session binds (params.py)
 
     def sites_to_check(self, *, carries: bool = True) -> dict[str, tuple[Step, ...]]:
         """Every site bind() must find before it changes anything. ``carries=False``
