@@ -184,10 +184,10 @@ def _stand_in(name: str, attrs: tuple[str, ...]) -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def _import_stand_ins():
+def _import_stand_ins(stand_ins: dict[str, tuple[str, ...]] = _IMPORT_STAND_INS):
     inserted: list[str] = []
     mods: dict[str, types.ModuleType] = {}
-    for name, attrs in _IMPORT_STAND_INS.items():
+    for name, attrs in stand_ins.items():
         if name in sys.modules:  # already imported for real: use that
             continue
         mods[name] = _stand_in(name, attrs)
@@ -246,13 +246,15 @@ def _fill_all_zero_params(module: torch.nn.Module, std: float) -> list[str]:
     return names
 
 
-def build_flow(seed: int = 0) -> tuple[torch.nn.Module, list[str]]:
+def build_flow(seed: int = 0, m: types.SimpleNamespace | None = None) -> tuple[torch.nn.Module, list[str]]:
     """The real CausalMaskedDiffWithXvec of FLOW_CONFIG on the CPU, seeded random weights.
 
     Construction order is hyperpyyaml's for flow.yaml (encoder, estimator, CFM, flow).
-    Returns (flow, names of the parameters re-filled because they were all zero).
+    ``m``: the imported submodules (default: this release's); 1.0.7 passes its own, whose
+    flow is the same code and the same flow.yaml. Returns (flow, names of the parameters
+    re-filled because they were all zero).
     """
-    m = import_stepaudio2()
+    m = m or import_stepaudio2()
     torch.manual_seed(subseed(seed, 0))
     encoder = m.upsample_encoder_v2.UpsampleConformerEncoderV2(**FLOW_CONFIG["encoder"])
     estimator = m.decoder_dit.DiT(**FLOW_CONFIG["estimator"])
