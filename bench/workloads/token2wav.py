@@ -246,7 +246,9 @@ def _fill_all_zero_params(module: torch.nn.Module, std: float) -> list[str]:
     return names
 
 
-def build_flow(seed: int = 0, m: types.SimpleNamespace | None = None) -> tuple[torch.nn.Module, list[str]]:
+def build_flow(
+    seed: int = 0, m: types.SimpleNamespace | None = None
+) -> tuple[torch.nn.Module, list[str]]:
     """The real CausalMaskedDiffWithXvec of FLOW_CONFIG on the CPU, seeded random weights.
 
     Construction order is hyperpyyaml's for flow.yaml (encoder, estimator, CFM, flow).
