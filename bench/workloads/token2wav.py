@@ -213,9 +213,20 @@ def import_stepaudio2() -> types.SimpleNamespace:
     when the distribution is missing or is not version 1.0.6.
     """
     global _modules_cache
-    if _modules_cache is not None:
-        return _modules_cache
-    reason = unavailable_reason()
+    if _modules_cache is None:
+        _modules_cache = import_submodules("token2wav", _SUBMODULES, _IMPORT_STAND_INS)
+        parent = sys.modules["stepaudio2"]
+        if getattr(parent, "__duplexcadence_bare_parent__", False):
+            parent.Token2wav = _modules_cache.token2wav.Token2wav  # what __init__ exports
+    return _modules_cache
+
+
+def import_submodules(
+    release: str, submodules: dict[str, str], stand_ins: dict[str, tuple[str, ...]]
+) -> types.SimpleNamespace:
+    """``submodules`` (key -> module) of the ``release`` installed, imported under a bare
+    ``stepaudio2`` parent with the import ``stand_ins``; ImportError if it is missing."""
+    reason = workloads.unavailable_reason(release)
     if reason is not None:
         raise ImportError(reason)
     register_bare_parent("stepaudio2")
@@ -223,13 +234,9 @@ def import_stepaudio2() -> types.SimpleNamespace:
     # specs (trace_rules.THIRDPARTY_SKIPLIST names onnxruntime): import it first so it
     # never sees a stand-in.
     importlib.import_module("torch._dynamo")
-    with _import_stand_ins():
-        mods = {key: importlib.import_module(name) for key, name in _SUBMODULES.items()}
-    parent = sys.modules["stepaudio2"]
-    if getattr(parent, "__duplexcadence_bare_parent__", False):
-        parent.Token2wav = mods["token2wav"].Token2wav  # what the real __init__ exports
-    _modules_cache = types.SimpleNamespace(**mods)
-    return _modules_cache
+    with _import_stand_ins(stand_ins):
+        mods = {key: importlib.import_module(name) for key, name in submodules.items()}
+    return types.SimpleNamespace(**mods)
 
 
 # --------------------------------------------------------------------------- build

@@ -46,7 +46,6 @@ then ``torch.manual_seed(seed)``.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from pathlib import Path
@@ -56,7 +55,7 @@ import numpy as np
 import torch
 
 from bench import workloads
-from bench.workloads import register_bare_parent, subseed
+from bench.workloads import subseed
 from bench.workloads import token2wav as v106
 
 VENDOR_DIR = Path(__file__).resolve().parents[2] / ".vendor" / "minicpmo-utils-1.0.7"
@@ -142,16 +141,8 @@ def unavailable_reason() -> str | None:
 def import_stepaudio2() -> types.SimpleNamespace:
     """The 1.0.7 submodules (``_SUBMODULES`` keys), without ``stepaudio2/__init__.py``."""
     global _modules_cache
-    if _modules_cache is not None:
-        return _modules_cache
-    reason = unavailable_reason()
-    if reason is not None:
-        raise ImportError(reason)
-    register_bare_parent("stepaudio2")
-    importlib.import_module("torch._dynamo")  # before any stand-in (see the 1.0.6 module)
-    with v106._import_stand_ins(_STAND_INS):
-        mods = {key: importlib.import_module(name) for key, name in _SUBMODULES.items()}
-    _modules_cache = types.SimpleNamespace(**mods)
+    if _modules_cache is None:
+        _modules_cache = v106.import_submodules("token2wav107", _SUBMODULES, _STAND_INS)
     return _modules_cache
 
 
