@@ -10,8 +10,8 @@ hooks) over ``bench.workloads.token2wav107``: importing that module puts
 worker. Cells: B0 and the torch.compile controls (compile sites: the flow's
 ``inference_chunk`` and the causal vocoder's ``decode``), plus ``vllm_omni_exact``,
 vllm-omni 0.30.0's ``CFMGraphWrapper`` on the stock estimator
-(``bench.workloads.vllm_omni_graphs``). The adapter cells (S, SRc) need the 1.0.7
-contract, which is not written yet (see the issue notes).
+(``bench.workloads.vllm_omni_graphs``), and the adapter cells S and SRc, the 1.0.6 cells
+bound to ``stepaudio2_token2wav107`` (``contracts/stepaudio2_token2wav107.clock``).
 """
 
 from __future__ import annotations
@@ -44,8 +44,18 @@ class Token2Wav107Run(v106.Token2WavRun):
             self.ctx.setup["vllm_omni"]["stats"] = self.vllm_omni.stats_snapshot()
 
 
+ADAPTER = "stepaudio2_token2wav107"  # contracts/stepaudio2_token2wav107.clock
+_CELL = {c.name: c for c in v106.CELLS}
 CELLS = (
-    v106.CELLS[0],  # B0
+    _CELL["B0"],
+    dataclasses.replace(_CELL["S"], adapter=ADAPTER),
+    dataclasses.replace(
+        _CELL["SRc"],
+        adapter=ADAPTER,
+        what="state rule + replay at the chunk clock: flow.inference_chunk (encoder + "
+        "10-step solver; the conformer carry staged) and the bounded vocoder's F0 predictor "
+        "and decode captured, one graph per catalog class; _source and misses run eager",
+    ),
     *v106.COMPILE_CELLS,
     v106.T2WCell(
         "vllm_omni_exact",
