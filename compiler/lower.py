@@ -10,7 +10,7 @@ identifiers that the grammar restricts to a safe character set and from
 from __future__ import annotations
 
 from duplexcadence.dsl import ir
-from duplexcadence.compiler.analysis import Analysis, CatalogClass, _eval, _value
+from duplexcadence.compiler.analysis import Analysis, CatalogClass, tensor_layout
 from duplexcadence.compiler.validate import Checked
 from duplexcadence.compiler.silent_loss import used_regions
 
@@ -60,14 +60,13 @@ def _leaf_code(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> str:
         shown = "" if extent is None else f"extent={extent}, "
         return f"RegionView({t.region!r}, {shown}index={config[t.index]!r})"
     if isinstance(t, ir.TensorArg):
-        env = {n: _value(v) for n, v in config.items()}
-        dims = tuple(_eval(d, checked, env) for d in t.dims)
+        dims, strides, offset = tensor_layout(t, checked, config, dict(cls.extents))
         dtype = f"torch.{t.dtype if t.dtype != 'bool8' else 'bool'}"
         extra = ""
         if t.strides is not None:
-            extra += f", stride={tuple(_eval(d, checked, env) for d in t.strides)!r}"
+            extra += f", stride={strides!r}"
         if t.offset is not None:
-            extra += f", offset={_eval(t.offset, checked, env)!r}"
+            extra += f", offset={offset!r}"
         return f"TensorSpec({dims!r}, {dtype}{extra})"
     if t.type == "none":
         return "None"
