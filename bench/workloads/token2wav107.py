@@ -116,15 +116,13 @@ NEUTRALISE_COMPILE = (
 )
 
 _STAND_INS = {**v106._STAND_INS, "yaml": ("compose", "serialize")}
+# the flow's modules are 1.0.6's (same code); the vocoder is the new causal one
 _SUBMODULES = {
-    "flow": "stepaudio2.cosyvoice2.flow.flow",
-    "flow_matching": "stepaudio2.cosyvoice2.flow.flow_matching",
-    "decoder_dit": "stepaudio2.cosyvoice2.flow.decoder_dit",
-    "upsample_encoder_v2": "stepaudio2.cosyvoice2.transformer.upsample_encoder_v2",
+    **{k: v for k, v in v106._SUBMODULES.items() if k not in ("hifigan", "token2wav")},
     "generator": "stepaudio2.causal_vocoder.generator",
     "f0_predictor": "stepaudio2.causal_vocoder.f0_predictor",
     "bounded_vocoder": "stepaudio2.causal_vocoder.bounded_vocoder",
-    "token2wav": "stepaudio2.token2wav",
+    "token2wav": v106._SUBMODULES["token2wav"],  # last, as before: it imports the rest
 }
 _modules_cache: types.SimpleNamespace | None = None
 
