@@ -4,12 +4,16 @@
         --out bench/results/token2wav_h200
     python -m bench.token2wav --quick            # CPU smoke: 1 block, B0 and S, 2 chunks
 
-One step is one 25-token chunk (+3 lookahead) of the vendor's own ``Token2wav.stream()``
-(``bench.workloads.token2wav``: fp32, batch 1, seeded random weights), a
-``last_chunk=True`` chunk after every pass; parts ``flow`` and ``vocoder``; the hashed
-stream is the float32 PCM (``tokens_sha256`` records the input). ``compile_ro``
-compiles on its first calls (``--warmup 3`` sees the extents 302/352/402); what it
-raises, or running past ``--compile-timeout``, is a ``"failed"`` record.
+The workload (the harness, ``bench/harness``, does the rest): the released
+``minicpmo-utils==1.0.6`` streaming decoder (flow + HiFT, fp32, batch 1, seeded random
+weights, ``bench.workloads.token2wav``) driven by the vendor's own ``Token2wav.stream()``;
+one step is one 25-token chunk (+3 lookahead), and a ``last_chunk=True`` chunk follows
+every pass. Parts: ``flow`` (``flow.inference_chunk``) and ``vocoder`` (``hift.forward``).
+The hashed stream is the float32 PCM; ``tokens_sha256`` records the input tokens. The
+cells (DESIGN §6, paper Table 4) say what they are in ``CELLS``; the compile controls
+(``compile_ro``, ``compile_default``, ``compile_mat``: one torch.compile mode each) compile
+on its first calls (use ``--warmup 3`` so the extents 302/352/402 are all seen), and
+anything it raises, or running past ``--compile-timeout``, is a ``"failed"`` record.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ class T2WCell(Cell):
     adapter: str = "stepaudio2_token2wav"
     bind_before_priming: bool = True
     float16: bool = False  # the vendor's own switch: the flow runs under autocast(fp16)
+    # mel frames of the voice prompt (2 per prompt token; the vendor's example prompt is
+    # 151 tokens: 302); an adapter binds it as its session parameter f_prompt
+    prompt_frames: int = 302
+    compile_mode: str | None = None  # a torch.compile control: its mode (COMPILE_KW besides)
 
 
 STEP, REPLAY_ONLY = "stepaudio2_token2wav_step", "stepaudio2_token2wav_replay_only"
@@ -106,21 +114,53 @@ CELLS = (
         "captured for the live chunk sizes 50 and 56 (max cache 500), then stock stream()",
         needs_cuda=True,
     ),
-    T2WCell(
-        "compile_ro",
-        'control: torch.compile(mode="reduce-overhead", dynamic=False) of '
-        "flow.inference_chunk and hift.forward, compiled on their first calls",
-        needs_cuda=True,
-        failure="torch.compile / reduce-overhead",
-    ),
 )
+
+# Voice prompts of other lengths (issue 14): stock and SRc at each, SRc exact against
+# the stock cell of its own prompt. B0 and SRc are the 302-frame case. Not in the
+# default cell list; run with --cells B0,SRc,B0_p100,SRc_p100,...
+PROMPTS = (100, 200, 450, 600)
+PROMPT_CELLS = tuple(
+    cell
+    for p in PROMPTS
+    for cell in (
+        T2WCell(f"B0_p{p}", f"B0 with a {p}-frame voice prompt ({p // 2} tokens)", prompt_frames=p),
+        T2WCell(
+            f"SRc_p{p}",
+            f"SRc with a {p}-frame voice prompt, bound with params={{'f_prompt': {p}}}",
+            bind=True,
+            prompt_frames=p,
+            exact_against=f"B0_p{p}",
+        ),
+    )
+)
+
+
+def compile_cell(name: str, mode: str) -> T2WCell:
+    """A torch.compile control of ``Token2WavRun.COMPILE_SITES`` in ``mode``."""
+    return T2WCell(
+        name,
+        f'control: torch.compile(mode="{mode}", dynamic=False) of the flow\'s '
+        "inference_chunk and the vocoder, compiled on their first calls",
+        needs_cuda=True,
+        failure=f"torch.compile / {mode}",
+        compile_mode=mode,
+    )
+
+
+COMPILE_CELLS = (
+    compile_cell("compile_ro", "reduce-overhead"),
+    compile_cell("compile_default", "default"),
+    compile_cell("compile_mat", "max-autotune-no-cudagraphs"),
+)
+CELLS += COMPILE_CELLS
 
 # The vendor's bucket list (decoder_dit.py DiT._init_cuda_graph_chunk) and the live chunk:
 # steady chunks are 50 frames (25 tokens x 2), the final one 56; the attended estimator
 # cache is 302 (prompt), 352, then 402 (prompt + the stock 100).
 VENDOR_BUCKETS = {30: 500, 48: 500, 96: 1000}  # chunk frames -> max attended cache frames
 REBUCKET = {50: 500, 56: 500}
-COMPILE_KW = {"mode": "reduce-overhead", "dynamic": False, "fullgraph": False}
+COMPILE_KW = {"dynamic": False, "fullgraph": False}
 
 
 # ----------------------------------------------------------------- vendor controls
@@ -204,17 +244,22 @@ def counters_delta(after: dict, before: dict) -> dict:
     return {g: dict(d) for g, d in diff.items() if d}
 
 
-def compile_callables(t2w: Any, info: dict) -> None:
-    """Install compiled ``flow.inference_chunk`` and ``hift.forward`` on the instances.
+def compile_callables(t2w: Any, info: dict, mode: str, sites: tuple[str, ...]) -> None:
+    """Install compiled callables at ``sites`` (dotted paths) on the instances.
     ``torch.compile`` is lazy: it compiles on the first call of each new shape (the
     warm-up chunks and the 56-frame final chunk), all outside the window."""
     import torch
 
-    info["compile_kwargs"] = dict(COMPILE_KW)  # inductor config left at its defaults
+    from bench.harness.profile import _owner_and_name
+
+    kwargs = {"mode": mode, **COMPILE_KW}
+    info["compile_kwargs"] = kwargs  # inductor config left at its defaults
+    info["compile_sites"] = list(sites)
     info["dynamo_counters_before"] = dynamo_counters()
     try:
-        t2w.flow.inference_chunk = torch.compile(t2w.flow.inference_chunk, **COMPILE_KW)
-        t2w.hift.forward = torch.compile(t2w.hift.forward, **COMPILE_KW)
+        for site in sites:
+            owner, name = _owner_and_name(t2w, site)
+            setattr(owner, name, torch.compile(getattr(owner, name), **kwargs))
     except Exception as e:  # noqa: BLE001
         raise CellFailed("torch.compile raised while wrapping", f"{type(e).__name__}: {e}") from e
 
@@ -249,7 +294,14 @@ def import_adapter(cell: T2WCell) -> Any:
 
 
 class Token2WavRun:
-    """One (block, cell): the vendor object built, the cell set up, chunks streamed."""
+    """One (block, cell): the vendor object built, the cell set up, chunks streamed.
+
+    The release it drives is a class attribute, so the 1.0.7 driver
+    (``bench/token2wav107.py``) is this class with its own workload module."""
+
+    RELEASE = "token2wav"  # bench.workloads.RELEASES key
+    WORKLOAD_MODULE = "bench.workloads.token2wav"
+    COMPILE_SITES = ("flow.inference_chunk", "hift.forward")
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx, self.cell = ctx, ctx.cell
@@ -261,12 +313,10 @@ class Token2WavRun:
 
             if replay_enabled() != (DISABLE_ENV not in self.cell.env):
                 raise RuntimeError(f"cell {self.cell.name}: replay_enabled() is {replay_enabled()}")
-        reason = unavailable_reason("token2wav")
+        self.W = W = importlib.import_module(self.WORKLOAD_MODULE)
+        reason = unavailable_reason(self.RELEASE)
         if reason is not None:
             raise RuntimeError(reason)
-        from bench.workloads import token2wav as W
-
-        self.W = W
         ctx.result["minicpmo_utils"] = W.installed_version()
         stream = W.token_stream(ctx.args.seed, ctx.n_steps)
         inputs = json.dumps([[c.tokens, c.last_chunk] for c in stream]).encode()
@@ -275,13 +325,34 @@ class Token2WavRun:
 
     def _bind(self, model: Any) -> None:
         self.binding = self.adapter.bind(
-            model, device=self.ctx.device, audit=False, capture=False, progress=False
+            model,
+            device=self.ctx.device,
+            audit=False,
+            capture=False,
+            progress=False,
+            **self._params(),
         )
+
+    def _params(self) -> dict:
+        """The prompt length as the contract's session parameter, where it declares one."""
+        declared = {p.name for p in self.adapter.DECLARED.params}
+        if "f_prompt" in declared:
+            return {"params": {"f_prompt": self.cell.prompt_frames}}
+        if self.cell.prompt_frames != self.W.PROMPT_FRAMES:
+            raise CellFailed(
+                f"cell {self.cell.name}: adapter {self.cell.adapter} fixes the prompt at "
+                f"{self.W.PROMPT_FRAMES} frames (no session parameter f_prompt)"
+            )
+        return {}
 
     def build(self) -> None:
         early = self.cell.bind and self.cell.bind_before_priming
+        self.ctx.result["prompt_frames"] = self.cell.prompt_frames
         self.model = self.W.build_token2wav(
-            self.ctx.args.seed, self.ctx.device, before_priming=self._bind if early else None
+            self.ctx.args.seed,
+            self.ctx.device,
+            prompt_frames=self.cell.prompt_frames,
+            before_priming=self._bind if early else None,
         )
 
     def setup(self) -> Any:
@@ -299,11 +370,11 @@ class Token2WavRun:
             rebucket_vendor_graphs(t2w.flow.decoder.estimator, REBUCKET)
             count_vendor_graphs(t2w.flow.decoder.estimator, info)
             info["vendor_buckets_replaced"] = {str(k): v for k, v in VENDOR_BUCKETS.items()}
-        elif name == "compile_ro":
+        elif self.cell.compile_mode:
             args = self.ctx.args  # from here to the end of the worker, every compile included
             budget = max(1.0, min(args.compile_timeout, args.worker_timeout - 45.0))
             arm_compile_budget(budget, self.ctx)
-            compile_callables(t2w, info)
+            compile_callables(t2w, info, self.cell.compile_mode, self.COMPILE_SITES)
         return self.binding
 
     def step(self) -> dict:
@@ -311,14 +382,14 @@ class Token2WavRun:
         return {"pcm": self.W.stream_chunk(self.model, chunk.tokens, chunk.last_chunk)}
 
     def after(self, phase: str) -> None:
-        """compile_ro: what compiling cost (set-up + first calls) and what it compiled
+        """A compile control: what compiling cost (set-up + first calls) and what it compiled
         inside the window (a recompile there would be a latency spike)."""
         info = self.ctx.setup
-        if self.cell.name == "compile_ro" and phase == "warmup":
+        if self.cell.compile_mode and phase == "warmup":
             timings = self.ctx.result["timings_s"]
             info["compile_and_first_calls_s"] = timings["setup"] + timings["warmup"]
             self.at_window = dynamo_counters()
-        elif self.cell.name == "compile_ro" and phase == "window":
+        elif self.cell.compile_mode and phase == "window":
             window = counters_delta(dynamo_counters(), self.at_window)
             info["frames_compiled_in_window"] = window.get("frames", {}).get("total", 0)
 
@@ -327,7 +398,7 @@ class Token2WavRun:
         result["carry_lengths_end"] = self.W.carry_lengths(self.model)
         if "vendor_counts" in info:
             info["vendor_counts"] = dict(info["vendor_counts"])
-        if self.cell.name == "compile_ro":
+        if self.cell.compile_mode:
             total = counters_delta(dynamo_counters(), info["dynamo_counters_before"])
             info["dynamo_counters_total"] = total
             # frames dynamo converted: first compiles, recompiles (new shapes with
@@ -339,7 +410,7 @@ class Token2WavRun:
 
 # --------------------------------------------------------------- results and report
 def cell_summary(results: list) -> dict:
-    """The vendor controls' graph counters (summed) and compile_ro's figures (medians)."""
+    """The vendor controls' graph counters (summed) and the compile controls' figures (medians)."""
     from bench.harness.stats import median
 
     setups = [r.get("setup") or {} for r in results if r and r.get("status") == "ok"]
@@ -380,7 +451,7 @@ def cell_notes(name: str, c: dict) -> list[str]:
 WORKLOAD = Workload(
     name="token2wav",
     unit="chunk",
-    cells=CELLS,
+    cells=CELLS + PROMPT_CELLS,
     reference="B0",
     start=Token2WavRun,
     streams=(
@@ -392,7 +463,13 @@ WORKLOAD = Workload(
     "1.0.6, seeded random weights) against the generated duplexcadence adapters.",
     parts={"flow": "flow.inference_chunk", "vocoder": "hift.forward"},
     final_steps=1,
-    defaults={"chunks": 16, "warmup": 3, "split_chunks": 4, "profile_chunks": 3},
+    defaults={
+        "chunks": 16,
+        "warmup": 3,
+        "split_chunks": 4,
+        "profile_chunks": 3,
+        "cells": [c.name for c in CELLS],  # the prompt cells run when asked for
+    },
     quick={
         "device": "cpu",
         "blocks": 1,
@@ -417,7 +494,7 @@ WORKLOAD = Workload(
         "compile_timeout_s": args.compile_timeout,
         "chunk_tokens": 25,
         "lookahead_tokens": 3,
-        "prompt_frames": 302,
+        "prompt_frames": 302,  # cells B0_p<N> and SRc_p<N>: N (each result's prompt_frames)
         "n_timesteps": 10,
         "dtype": "float32",
         "batch": 1,
@@ -428,8 +505,8 @@ WORKLOAD = Workload(
     },
     cell_summary=cell_summary,
     cell_notes=cell_notes,
-    # compile_ro compiles the 10-step solver for three cache extents and the vocoder
-    first_worker_est_s={"compile_ro": 180.0},
+    # a compile control compiles the 10-step solver for three cache extents and the vocoder
+    first_worker_est_s={c.name: 180.0 for c in COMPILE_CELLS},
 )
 
 if __name__ == "__main__":

@@ -173,8 +173,18 @@ def config_space(k: ir.Callable) -> tuple[tuple[str, ...], list[tuple]]:
     return tuple(names), combos
 
 
-def _eval(expr: ir.Expr, checked: Checked, env: dict[str, Value]) -> int:
-    return evaluate(expr, checked.consts, clocks=checked.clock_names, names=env).value
+def _eval(
+    expr: ir.Expr, checked: Checked, env: dict[str, Value], extents: dict | None = None
+) -> int:
+    def extent(name: str, span) -> Value:
+        # a staged argument as long as a region argument's attended extent (validated):
+        # the class's extent, or the region's bound where no class is at hand yet
+        numbers = checked.regions[name]
+        return Value((extents or {}).get(name, numbers.bound), numbers.axis_clock)
+
+    return evaluate(
+        expr, checked.consts, clocks=checked.clock_names, names=env, extent=extent
+    ).value
 
 
 def _value(v) -> Value:
@@ -198,22 +208,27 @@ def admitted(k: ir.Callable, checked: Checked, config: dict) -> bool:
     )
 
 
-def tensor_layout(arg: ir.TensorArg, checked: Checked, config: dict):
-    """(dims, strides or None, offset) of a staged argument under one configuration."""
+def tensor_layout(arg: ir.TensorArg, checked: Checked, config: dict, extents: dict | None = None):
+    """(dims, strides or None, offset) of a staged argument under one configuration
+    (and, where it names `extent(R)`, one class's extents; the bounds without them)."""
     env = {n: _value(v) for n, v in config.items()}
-    dims = tuple(_eval(d, checked, env) for d in arg.dims)
+    dims = tuple(_eval(d, checked, env, extents) for d in arg.dims)
     strides = (
-        tuple(_eval(d, checked, env) for d in arg.strides) if arg.strides is not None else None
+        tuple(_eval(d, checked, env, extents) for d in arg.strides)
+        if arg.strides is not None
+        else None
     )
-    offset = _eval(arg.offset, checked, env) if arg.offset is not None else 0
+    offset = _eval(arg.offset, checked, env, extents) if arg.offset is not None else 0
     return dims, strides, offset
 
 
-def tensor_bytes(arg: ir.TensorArg, checked: Checked, config: dict) -> int:
+def tensor_bytes(
+    arg: ir.TensorArg, checked: Checked, config: dict, extents: dict | None = None
+) -> int:
     """Bytes of the static buffer a staged argument needs: the storage span its
     strides reach (a strided view stages its whole row stride), plus its offset.
     The runtime's `TensorSpec.nbytes` is the same formula (a property test ties them)."""
-    dims, strides, offset = tensor_layout(arg, checked, config)
+    dims, strides, offset = tensor_layout(arg, checked, config, extents)
     if strides is None:
         span = math.prod(dims)
     elif 0 in dims:
@@ -359,7 +374,7 @@ def _staging(k: ir.Callable, checked: Checked, regions, extents: dict, config: d
     total = 0
     for a in k.args:
         if isinstance(a.type, ir.TensorArg):
-            total += tensor_bytes(a.type, checked, config)
+            total += tensor_bytes(a.type, checked, config, extents)
         elif isinstance(a.type, ir.RegionArg) and a.type.region not in k.aliased:
             ra = regions[a.type.region]
             extent = extents.get(a.type.region, 1)

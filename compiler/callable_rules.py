@@ -7,8 +7,9 @@ one definition the analysis uses to count distinct signatures.
 
 from __future__ import annotations
 
-from duplexcadence.compiler.evaluate import Value
+from duplexcadence.compiler.evaluate import EvalError, Value
 from duplexcadence.dsl import ir
+from duplexcadence.dsl.diagnostics import Span
 
 # What `ambient autocast in {...}` may list (dsl/codes.py CLK071 says why float32).
 AUTOCAST_STATES = ("off", "float32", "float16", "bfloat16")
@@ -129,6 +130,7 @@ class CallableRules:
     def _check_args(self, k: ir.Callable, regions: dict, config_names: set[str]) -> set[str]:
         """Check each argument; returns the regions passed as arguments."""
         sample = {n: Value(0) for n in config_names}
+        extent = self._argument_extent(k)
         arg_regions: set[str] = set()
         seen_paths: set[str] = set()
         for arg in k.args:
@@ -152,9 +154,9 @@ class CallableRules:
             elif isinstance(t, ir.TensorArg):
                 # units and names here; values per configuration in the analysis
                 for d in t.dims + (t.strides or ()):
-                    self.eval(d, names=sample)
+                    self.eval(d, names=sample, extent=extent)
                 if t.offset is not None:
-                    self.eval(t.offset, names=sample)
+                    self.eval(t.offset, names=sample, extent=extent)
                 if t.strides is not None and len(t.strides) != len(t.dims):
                     self.err(
                         "CLK028",
@@ -170,6 +172,27 @@ class CallableRules:
                     arg.span,
                 )
         return arg_regions
+
+    def _argument_extent(self, k: ir.Callable):
+        """`extent(R)` in a staged argument: as long as region argument R's attended
+        extent, so the argument follows R's states class by class (no config of its own).
+        Only a region that is an argument of this callable and has a retention names one."""
+        region_args = {a.type.region for a in k.args if isinstance(a.type, ir.RegionArg)}
+
+        def extent(name: str, span: Span) -> Value:
+            numbers = self.out.regions.get(name)
+            if name in self.poisoned:
+                raise EvalError(None, f"extent({name}) of a failed region", span)
+            if name not in region_args or numbers is None or numbers.bound is None:
+                raise EvalError(
+                    "CLK011",
+                    f"extent({name}) in an argument of callable '{k.name}' names no region "
+                    "argument of it with a retention",
+                    span,
+                )
+            return Value(numbers.bound, numbers.axis_clock)
+
+        return extent
 
     def _check_configs(self, k: ir.Callable) -> set[str]:
         config_names: set[str] = set()

@@ -30,6 +30,7 @@ try:
         analysis_json,
         analysis_tables,
         catalog_and_session,
+        params_text,
     )
     from duplexcadence.dsl.codes import CODES, explain
     from duplexcadence.dsl.diagnostics import Diagnostic, render, shown_path
@@ -115,6 +116,7 @@ def cmd_check(args) -> int:
                 "ok": r.ok,
                 "diagnostics": _diagnostics_json(r),
                 "analysis": analysis_json(r.analysis) if r.analysis else None,
+                "params": r.params.summary() if r.params else None,
             }
             for r in results
         ]
@@ -127,6 +129,8 @@ def cmd_check(args) -> int:
                 if r.checked is not None:
                     fp = footprint(r.checked, r.analysis)
                     print(catalog_and_session(r.analysis, fp.per_session_bytes))
+            if r.params is not None:
+                print(params_text(r.params.summary()) + "\n")
         if any(r.analysis is not None for r in results):
             print(LEGEND)
     return 0 if all(r.ok for r in results) else 1
@@ -218,15 +222,23 @@ def cmd_plan(args) -> int:
         if r.analysis is None or r.checked is None:
             ok = False
             continue
-        fp = footprint(r.checked, r.analysis)
+        # with session parameters, regions are allocated at the domain's largest shapes
+        fp = footprint(r.checked, r.params.allocated(r.analysis) if r.params else r.analysis)
         lanes = args.lanes or (sorted(profile.chunks_per_s) if profile else [])
         try:
             preds = [predict(fp, profile, k, args.voices) for k in lanes] if profile else []
         except KeyError as exc:
             raise UsageError(str(exc.args[0])) from exc
-        entries.append({"path": r.path, "footprint": footprint_json(fp), "predictions": preds})
+        entry = {"path": r.path, "footprint": footprint_json(fp), "predictions": preds}
+        if r.params is not None:  # the footprint at each folded parameter value
+            at = {label: footprint(r.checked, a) for label, a in r.params.points.items()}
+            entry["params"] = r.params.summary()
+            entry["params"]["footprints"] = {k: footprint_json(v) for k, v in at.items()}
+        entries.append(entry)
         if args.format == "text":
             print(plan_text(fp, preds))
+            if r.params is not None:
+                print(params_text(r.params.summary(), at))
     if args.format == "json":
         print(_document("plan", entries))
     return 0 if ok else 1

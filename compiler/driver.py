@@ -22,6 +22,7 @@ from duplexcadence.compiler import __version__
 from duplexcadence.compiler.analysis import Analysis, analyse
 from duplexcadence.compiler.emit import render_package
 from duplexcadence.compiler.lower import lower
+from duplexcadence.compiler.params import ParamAnalysis, analyse_params
 from duplexcadence.compiler.validate import Checked, validate
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, error, has_errors, shown_path, warning
@@ -41,6 +42,7 @@ class Result:
     contract: ir.Contract | None = None
     checked: Checked | None = None
     analysis: Analysis | None = None
+    params: ParamAnalysis | None = None  # the folds over the session parameters' domains
     diagnostics: list[Diagnostic] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
 
@@ -97,6 +99,9 @@ def check_source(source: str, path: str) -> Result:
                     span,
                 )
             )
+    if contract.params and not has_errors(result.diagnostics):
+        result.params, problems = analyse_params(contract, checked, result.analysis)
+        result.diagnostics.extend(problems)
     nodes = {x.name: x for x in contract.regions}
     for r in result.analysis.regions:
         problem = _stock_problem(nodes[r.name], r, checked.regions[r.name])
@@ -138,6 +143,7 @@ def compile_source(source: str, path: str, *, source_name: str | None = None) ->
     context = lower(
         result.checked,
         result.analysis,
+        param_analysis=result.params,
         compiler_version=compiler_version(),
         source_name=shown_path(source_name if source_name is not None else path),
         source_sha256=hashlib.sha256(source.encode()).hexdigest(),

@@ -82,7 +82,11 @@ def evaluate(
             raise EvalError("CLK011", f"unknown name '{e.name}'", e.span)
         if isinstance(e, ir.ExtentOf):
             if extent is None:
-                raise EvalError("CLK012", "extent(...) is only meaningful in an envelope", e.span)
+                raise EvalError(
+                    "CLK012",
+                    "extent(...) is only meaningful in an envelope or a staged argument",
+                    e.span,
+                )
             return extent(e.region, e.span)
         if isinstance(e, ir.MaxOf):
             values = [go(i) for i in e.items]

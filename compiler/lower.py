@@ -12,7 +12,7 @@ so a contract cannot inject code.
 from __future__ import annotations
 
 from duplexcadence.dsl import ir
-from duplexcadence.compiler.analysis import Analysis, CatalogClass, _eval, _value
+from duplexcadence.compiler.analysis import Analysis, CatalogClass, tensor_layout
 from duplexcadence.compiler.lowered import (
     Aliased,
     Catalog,
@@ -26,6 +26,7 @@ from duplexcadence.compiler.lowered import (
     LoweredContract,
     Node,
     OneOfLeaf,
+    Param,
     RegionLeaf,
     RegionRow,
     Retains,
@@ -53,13 +54,13 @@ def _leaf(arg: ir.Arg, cls: CatalogClass, checked: Checked) -> Leaf:
         index = None if t.index is None else config[t.index]
         return RegionLeaf(t.region, extent, index)
     if isinstance(t, ir.TensorArg):
-        env = {n: _value(v) for n, v in config.items()}
-        evaluate = lambda exprs: tuple(_eval(d, checked, env) for d in exprs)  # noqa: E731
+        # dims may name `extent(R)` of a region argument: evaluated at this class's extents
+        dims, strides, offset = tensor_layout(t, checked, config, dict(cls.extents))
         return TensorLeaf(
-            evaluate(t.dims),
+            dims,
             "bool" if t.dtype == "bool8" else t.dtype,
-            None if t.strides is None else evaluate(t.strides),
-            None if t.offset is None else _eval(t.offset, checked, env),
+            strides,
+            None if t.offset is None else offset,
         )
     return ValueLeaf("None" if t.type == "none" else repr(config[arg.path.root]))
 
@@ -216,8 +217,10 @@ def region_installs(c: ir.Contract) -> dict[str, str]:
     return out
 
 
-def _region_fields(r: ir.Region, a, numbers, install: str) -> dict[str, FieldValue]:
-    """RegionTable's fields of one region (runtime/declared.py); None is left out."""
+def _region_fields(r: ir.Region, a, numbers, install: str, pa) -> dict[str, FieldValue]:
+    """RegionTable's fields of one region (runtime/declared.py); None is left out.
+    With session parameters (compiler/params.py) a region is allocated at the domain's
+    largest shape, and its attended extents and retention sizes shift per value."""
     retention = None
     if numbers.retention is not None:
         kind, params = numbers.retention
@@ -225,7 +228,7 @@ def _region_fields(r: ir.Region, a, numbers, install: str) -> dict[str, FieldVal
         retention = Retention(name, tuple(zip(keys, params)))
     values = {
         "dtype": "bool" if r.dtype == "bool8" else r.dtype,
-        "shape": tuple(a.shape),
+        "shape": tuple(pa.shapes[r.name] if pa is not None else a.shape),
         "axis": a.axis,
         "lifetime": r.lifetime,
         "mutability": r.mutability,
@@ -233,18 +236,23 @@ def _region_fields(r: ir.Region, a, numbers, install: str) -> dict[str, FieldVal
         "retention": retention,
         "site": r.site.dotted() if r.site else None,
         "initial": r.initial,
+        # (param, coeff) terms; the retention's one term tuple per field, in declared order
+        "shift": (pa.extent_shift.get(r.name) or None) if pa is not None else None,
+        "retention_shift": (pa.retention_shift.get(r.name) or None) if pa is not None else None,
     }
     return {k: v for k, v in values.items() if v is not None}
 
 
-def lower_regions(checked: Checked, analysis: Analysis) -> tuple[tuple, tuple[RegionRow, ...]]:
+def lower_regions(
+    checked: Checked, analysis: Analysis, pa=None
+) -> tuple[tuple, tuple[RegionRow, ...]]:
     """The fields every region shares (with two or more regions), and one row each."""
     c = checked.contract
     by_name = {r.name: r for r in analysis.regions}
     installs = region_installs(c)
     ordered = sorted(c.regions, key=lambda r: r.name)
     own = [
-        _region_fields(r, by_name[r.name], checked.regions[r.name], installs[r.name])
+        _region_fields(r, by_name[r.name], checked.regions[r.name], installs[r.name], pa)
         for r in ordered
     ]
     common = {}
@@ -253,11 +261,12 @@ def lower_regions(checked: Checked, analysis: Analysis) -> tuple[tuple, tuple[Re
     rows = []
     for r, values in zip(ordered, own):
         a = by_name[r.name]
+        demand = pa.bytes_allocated[r.name] if pa is not None else a.demand_bytes
         rows.append(
             RegionRow(
                 name=r.name,
                 fields=tuple((k, v) for k, v in values.items() if k not in common),
-                demand_mib=f"{a.demand_bytes / 2**20:.2f}",
+                demand_mib=f"{demand / 2**20:.2f}",
                 stock_mib=f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
                 rho=a.rho,
                 attended=tuple(a.attended),
@@ -266,17 +275,28 @@ def lower_regions(checked: Checked, analysis: Analysis) -> tuple[tuple, tuple[Re
     return tuple(common.items()), tuple(rows)
 
 
+def lower_params(pa) -> tuple[Param, ...]:
+    """The session parameters' domains, as generated code declares them."""
+    if pa is None:
+        return ()
+    return tuple(
+        Param(p.name, p.lo, p.hi, pa.reference[p.name], tuple(p.capture), p.hold, p.unit)
+        for p in sorted(pa.params, key=lambda p: p.name)
+    )
+
+
 # ---------------------------------------------------------------- the contract
 def lower(
     checked: Checked,
     analysis: Analysis,
     *,
+    param_analysis=None,
     compiler_version: str,
     source_name: str,
     source_sha256: str,
 ) -> LoweredContract:
     c = checked.contract
-    common, regions = lower_regions(checked, analysis)
+    common, regions = lower_regions(checked, analysis, param_analysis)
     callables = tuple(
         lower_callable(k, checked, ka)
         for k, ka in sorted(zip(c.callables, analysis.callables), key=lambda p: p[0].name)
@@ -285,7 +305,8 @@ def lower(
         Constant(h.name, h.install, h.site.dotted() if h.site else None)
         for h in sorted(c.constants, key=lambda h: h.name)
     )
-    imports, uses_torch = _imports(common, regions, callables, constants)
+    params = lower_params(param_analysis)
+    imports, uses_torch = _imports(common, regions, callables, constants, params)
     return LoweredContract(
         compiler_version=compiler_version,
         contract=c.name,
@@ -301,6 +322,7 @@ def lower(
         regions=regions,
         callables=callables,
         constants=constants,
+        params=params,
     )
 
 
@@ -318,7 +340,7 @@ def _nodes(catalog: Catalog):
             yield n
 
 
-def _imports(common, regions, callables, constants) -> tuple[tuple[str, ...], bool]:
+def _imports(common, regions, callables, constants, params) -> tuple[tuple[str, ...], bool]:
     """The runtime names contract.py uses, and whether it uses torch (generated code
     imports only what it uses)."""
     used = {"CallableDecl", "ContractDecl", "Effect", "RegionTable"}
@@ -327,6 +349,8 @@ def _imports(common, regions, callables, constants) -> tuple[tuple[str, ...], bo
     uses_torch = bool(regions)  # dtypes
     if constants:
         used.add("ConstantDecl")
+    if params:
+        used.add("ParamDecl")
     for k in callables:
         if k.catalog is not None:
             used.add("CatalogDecl")

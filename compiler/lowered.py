@@ -150,6 +150,19 @@ class Constant:
 
 
 @dataclass(frozen=True)
+class Param:
+    """A session parameter's domain: `ParamDecl(name, lo=, hi=, default=, capture=, hold=)`."""
+
+    name: str
+    lo: int
+    hi: int
+    default: int
+    capture: tuple[int, ...]
+    hold: int | None  # None: every value used
+    unit: str | None
+
+
+@dataclass(frozen=True)
 class LoweredContract:
     compiler_version: str
     contract: str
@@ -163,6 +176,7 @@ class LoweredContract:
     regions: tuple[RegionRow, ...]
     callables: tuple[LoweredCallable, ...]
     constants: tuple[Constant, ...]
+    params: tuple[Param, ...] = ()  # session parameters, if the contract declares any
 
     def context(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -30,6 +30,7 @@ GENERATED_NAMES = frozenset(
         "CONTRACT",
         "DECLARED",
         "DETERMINISM",
+        "PARAMS",
         "REGIONS",
         "SOURCE_SHA256",
         "TARGET",
@@ -46,6 +47,7 @@ GENERATED_NAMES = frozenset(
         "Effect",
         "HeadTail",
         "OneOf",
+        "ParamDecl",
         "RegionDecl",
         "RegionSpec",
         "RegionTable",
@@ -62,6 +64,7 @@ GENERATED_NAMES = frozenset(
         "capture",
         "progress",
         "backend",
+        "params",
     }
 )
 # Prefixes and suffixes of names generated code once derived from contract names; no

@@ -108,3 +108,35 @@ def catalog_and_session(a: Analysis, per_session_bytes: int) -> str:
         "or session)"
     )
     return "\n".join(lines)
+
+
+def params_text(summary: dict, footprints: dict | None = None) -> str:
+    """Session parameters: catalog width and bytes per session at each folded value
+    (both ends of every domain, its default and its capture values), and what is
+    allocated: regions at the domain's largest shapes, every value a view of them.
+    `footprints`: label -> compiler/plan.Footprint at that value (`clockc plan`)."""
+    lines = []
+    for p in summary["params"]:
+        unit = f" {p['unit']}" if p["unit"] else ""
+        lines.append(
+            f"param {p['name']} in {p['lo']}..{p['hi']}{unit}: default {p['default']}, "
+            f"captured at bind {p['capture'] or '-'}, hold {p['hold'] or 'all'}"
+        )
+    for label, row in summary["points"].items():
+        widths = ", ".join(f"{k}={w}" for k, w in row["widths"].items())
+        text = (
+            f"  at {label:<16} catalog {widths}; demand {row['demand_bytes'] / MIB:.1f} MiB, "
+            f"per session {row['per_session_bytes'] / MIB:.1f} MiB"
+        )
+        if footprints is not None:
+            text += f", per lane {footprints[label].per_lane_bytes / MIB:.1f} MiB"
+        lines.append(text)
+    lines.append(
+        f"  allocated at the domain's largest shapes: {summary['allocated_bytes'] / MIB:.1f} MiB "
+        f"per lane, {summary['allocated_per_session_bytes'] / MIB:.1f} MiB per session "
+        "(every value reads views of these; the difference to a value's demand is its reserve)"
+    )
+    for region, terms in summary["extent_shift"].items():
+        moved = " + ".join(f"{c}·Δ{p}" for p, c in terms)
+        lines.append(f"  {region}: attended extents move by {moved}")
+    return "\n".join(lines)

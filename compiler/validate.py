@@ -14,10 +14,12 @@ so one mistake gives one diagnostic, never a cascade of follow-on errors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from duplexcadence.compiler.callable_rules import CallableRules
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.names import check_names
+from duplexcadence.compiler.param_rules import check_params, reference_values
 from duplexcadence.compiler.region_rules import RegionNumbers, RegionRules
 from duplexcadence.compiler.silent_loss import silent_loss_warnings
 from duplexcadence.compiler.sites import check_sites
@@ -44,10 +46,12 @@ class Checked:
     regions: dict[str, RegionNumbers] = field(default_factory=dict)
     budget: int = DEFAULT_BUDGET
     clock_names: frozenset[str] = frozenset()
+    # the session-parameter values this environment was folded at (compiler/params.py)
+    params: dict[str, int] = field(default_factory=dict)
 
 
 class _Validator(RegionRules, CallableRules):
-    def __init__(self, contract: ir.Contract):
+    def __init__(self, contract: ir.Contract, params: Mapping[str, int] | None = None):
         self.c = contract
         self.diags: list[Diagnostic] = []
         self.clocks = frozenset(k.name for k in contract.clocks)
@@ -56,6 +60,7 @@ class _Validator(RegionRules, CallableRules):
         )
         self.region_nodes = {r.name: r for r in contract.regions}
         self.poisoned: set[str] = set()  # declarations that failed (see the docstring)
+        self.at = dict(params) if params is not None else reference_values(contract)
 
     def err(self, code: str, message: str, span: Span) -> None:
         self.diags.append(error(code, message, span))
@@ -88,6 +93,8 @@ class _Validator(RegionRules, CallableRules):
         self.check_determinism()
         self.check_budget()
         self.check_clocks()
+        self.diags += check_params(self.c, self.clocks)
+        self.bind_params()
         self.check_consts()
         for region in self.c.regions:
             self.check_region(region)
@@ -120,6 +127,7 @@ class _Validator(RegionRules, CallableRules):
         groups = [
             ("clock", self.c.clocks),
             ("const", self.c.consts),
+            ("param", self.c.params),
             ("region", self.c.regions),
             ("callable", self.c.callables),
             ("constant", self.c.constants),
@@ -218,6 +226,13 @@ class _Validator(RegionRules, CallableRules):
                 rate[c.name] = base
         self.out.clock_rate = {name: r for name, r in rate.items() if r is not None}
 
+    def bind_params(self) -> None:
+        """A session parameter is a constant of the value this environment is folded at."""
+        for p in self.c.params:
+            if p.name in self.at and p.name not in self.out.consts:
+                self.out.consts[p.name] = Value(self.at[p.name], p.unit)
+                self.out.params[p.name] = self.at[p.name]
+
     def check_consts(self) -> None:
         for const in self.c.consts:
             if const.name in self.out.consts or const.name in self.poisoned:
@@ -242,7 +257,11 @@ class _Validator(RegionRules, CallableRules):
                     self.err("CLK015", f"dims of constant '{c.name}' must not be negative", d.span)
 
 
-def validate(contract: ir.Contract) -> tuple[Checked, list[Diagnostic]]:
-    v = _Validator(contract)
+def validate(
+    contract: ir.Contract, params: Mapping[str, int] | None = None
+) -> tuple[Checked, list[Diagnostic]]:
+    """Validate `contract` with its session parameters at `params` (default: each
+    parameter's reference value, compiler/params.py)."""
+    v = _Validator(contract, params)
     checked = v.run()
     return checked, v.diags

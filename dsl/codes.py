@@ -12,6 +12,7 @@ that table equal to `markdown_table()`). Codes are grouped by hundreds and tens:
   CLK05x  binding sites
   CLK06x  common syntax mistakes, recognised by example
   CLK07x  ambient states a callable is captured under
+  CLK08x  session parameters: domains, and what may depend on them
   CLK5xx  warnings: the contract is valid but something is likely unintended
 """
 
@@ -344,6 +345,25 @@ _CODES = [
         "bad autocast state",
         '`ambient autocast in {...}` lists distinct states among off, float32, float16 and bfloat16 (float32 is what `torch.autocast("cuda", dtype=torch.float32)` turns on: it casts nothing but is a state of its own).',
     ),
+    # ---- session parameters
+    Code(
+        "CLK080",
+        "error",
+        "bad parameter domain",
+        "`param NAME in LO..HI UNIT` needs 0 <= LO <= HI, a clock as its unit, a `default` and `capture {...}` values inside the domain and `hold` at least 1.",
+    ),
+    Code(
+        "CLK081",
+        "error",
+        "parameter used non-linearly",
+        "A session parameter may be added, subtracted and multiplied by a number: never multiplied by another parameter nor inside `max(...)`, so every quantity is linear in it and its whole domain is decided at its two ends.",
+    ),
+    Code(
+        "CLK082",
+        "error",
+        "catalog depends on a parameter",
+        "A session parameter may move attended extents, retention sizes and region envelopes, not a catalog's width, a stride or a staged argument's shape: the catalog of each value must be the same classes shifted.",
+    ),
     # ---- warnings
     Code(
         "CLK501",
@@ -392,6 +412,18 @@ _CODES = [
         "warning",
         "contract without callables",
         "A contract declares no callable: its adapter binds and replays nothing.",
+    ),
+    Code(
+        "CLK510",
+        "warning",
+        "parameter capture set larger than hold",
+        "`capture {...}` lists more values than `hold` keeps, so capturing them all at bind evicts the first ones again.",
+    ),
+    Code(
+        "CLK511",
+        "warning",
+        "parameter reaches nothing",
+        "A session parameter appears in no constant, region or argument: binding different values changes nothing.",
     ),
 ]
 

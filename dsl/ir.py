@@ -104,6 +104,22 @@ class Const(Node):
     expr: Expr
 
 
+class Param(Node):
+    """`param f_prompt in 50..600 frame default 302 capture {100, 302} hold 4`: a value
+    each session binds (the contract cannot fix it), with its domain [lo, hi]. Constants
+    may depend on it; the catalog and the bytes become functions of it (compiler/params.py).
+    `default`: the value of a binding given none; `capture`: the values captured at bind;
+    `hold`: how many values' graphs a lane keeps (least recently used evicted)."""
+
+    name: str
+    lo: int
+    hi: int
+    unit: str | None = None
+    default: int | None = None
+    capture: tuple[int, ...] = ()
+    hold: int | None = None
+
+
 class Retention(Node):
     kind: Literal["ring", "window", "head_tail"]
     params: tuple[Expr, ...]
@@ -249,6 +265,7 @@ class Contract(Node):
     determinism: tuple[Determinism, ...] = ()
     clocks: tuple[Clock, ...] = ()
     consts: tuple[Const, ...] = ()
+    params: tuple[Param, ...] = ()
     regions: tuple[Region, ...] = ()
     callables: tuple[Callable, ...] = ()
     constants: tuple[HostConstant, ...] = ()

@@ -131,6 +131,29 @@ class _ToIR(Transformer):
     def const_decl(self, meta, c):
         return ("const", ir.Const(name=str(c[0]), expr=c[1], span=token_span(c[0])))
 
+    def param_default(self, meta, c):
+        return int(c[0])
+
+    def param_capture(self, meta, c):
+        return tuple(int(x) for x in c)
+
+    def param_hold(self, meta, c):
+        return int(c[0])
+
+    def param_decl(self, meta, c):
+        name, lo, hi, unit, default, capture, hold = c
+        node = ir.Param(
+            name=str(name),
+            lo=int(lo),
+            hi=int(hi),
+            unit=str(unit) if unit is not None else None,
+            default=default,
+            capture=capture or (),
+            hold=hold,
+            span=token_span(name),
+        )
+        return ("param", node)
+
     # ---- block properties
     def _prop(key):
         def handler(self, meta, c):
@@ -319,6 +342,7 @@ def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | 
         "determinism": [],
         "clocks": [],
         "consts": [],
+        "params": [],
         "regions": [],
         "callables": [],
         "constants": [],
@@ -327,6 +351,7 @@ def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | 
         "determinism": "determinism",
         "clock": "clocks",
         "const": "consts",
+        "param": "params",
         "region": "regions",
         "callable": "callables",
         "constant": "constants",

@@ -144,6 +144,17 @@ def _constant(h: ir.HostConstant) -> list[str]:
     return out + ["}"]
 
 
+def _param(p: ir.Param) -> str:
+    text = f"param {p.name} in {p.lo}..{p.hi}" + (f" {p.unit}" if p.unit else "")
+    if p.default is not None:
+        text += f" default {p.default}"
+    if p.capture:
+        text += " capture {" + ", ".join(str(v) for v in p.capture) + "}"
+    if p.hold is not None:
+        text += f" hold {p.hold}"
+    return text
+
+
 def print_contract(c: ir.Contract) -> str:
     lines = [f"contract {c.name}"]
     if c.target is not None:
@@ -157,6 +168,8 @@ def print_contract(c: ir.Contract) -> str:
             lines.append(f"clock {k.name} = {k.rate} per {k.parent}")
         else:
             lines.append(f"clock {k.name} = (" + ", ".join(k.factors) + ")")
+    for p in c.params:
+        lines.append(_param(p))
     for const in c.consts:
         lines.append(f"const {const.name} = {expr(const.expr)}")
     for r in c.regions:

@@ -22,6 +22,7 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   determinism  apply/restore/pin the contract's determinism settings
   telemetry    the "duplexcadence" logger, format_report
   declared     ContractDecl and its parts: what generated code declares (data only)
+  params       session parameters: a value's catalog, ParamError, graphs per value
   lane         Lane: one set of regions, engines, pool, stream and generator
   binding      Binding: what bind() installed; the eager section
   binder       bind_contract, Dispatcher (what the model calls)
@@ -133,6 +134,7 @@ from .declared import (  # noqa: E402
     Retains,
 )
 from .lane import Lane, LaneError  # noqa: E402
+from .params import ParamDecl, ParamError  # noqa: E402
 from .pins import pin_at  # noqa: E402
 from .sessions import (  # noqa: E402
     NoLaneAvailable,
@@ -154,6 +156,8 @@ from .sites import (
 )  # noqa: E402
 
 __all__ += [
+    "ParamDecl",
+    "ParamError",
     "Aliased",
     "CallableDecl",
     "ConstantDecl",

@@ -27,6 +27,7 @@ from .binding import Binding, infer_device
 from .declared import ContractDecl
 from .determinism import apply_settings
 from .lane import Lane
+from .params import resolve
 from .sessions import SessionRequired, current_run
 from .sites import get_at, require_sites, set_at
 
@@ -64,6 +65,7 @@ def bind_contract(
     capture: bool = True,
     progress: bool = True,
     backend: Any = None,
+    params: dict | None = None,
 ) -> Binding:
     """Install ``decl`` on ``model`` and return the Binding (see module docstring).
 
@@ -77,6 +79,9 @@ def bind_contract(
     # a carry's site holds the primed stock state; binding before priming
     # (capture=False) may precede it, so capture() checks those sites instead
     require_sites(model, decl.sites_to_check(carries=capture))
+    # session parameters: the value this binding serves (ParamError outside the
+    # domain, before anything is installed) and, below, the values captured at bind
+    key = resolve(decl.params, params)
     device = torch.device(device) if device is not None else infer_device(model)
     binding = Binding(
         decl.name,
@@ -87,6 +92,10 @@ def bind_contract(
         audit=audit,
         backend=backend,
     )
+    binding.params_key = key
+    binding.capture_keys = [
+        resolve(decl.params, {p.name: v}) for p in decl.params for v in p.capture
+    ]
     for r in decl.regions.values():
         if r.install == "declared":
             binding.declared[r.name] = "declared only: no site and no callable uses it"

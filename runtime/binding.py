@@ -52,6 +52,9 @@ class Binding:
         self.audit = audit
         self.backend = backend  # None: CUDA graphs where available
         self.lanes: list[Any] = []
+        # session parameters (params.py): a plain binding's value, the declared capture set
+        self.params_key: tuple = ()
+        self.capture_keys: list[tuple] = []
         self.stock_callables: dict[str, Any] = {}
         self.eager: dict[str, str] = {}  # callable -> why it stays eager
         self.declared: dict[str, str] = {}  # region -> why nothing was allocated
@@ -121,16 +124,31 @@ class Binding:
         that state), under the eager lock; the sites are put back after."""
         with self.eager_lock, drawing_from(self.device, lane.rng):
             swapped = []
+            kept = dict(self._site_tensors)
             if not lane.owns_sites:
                 for r in self.decl.regions.values():
                     if r.site is not None and r.install == "allocate":
                         swapped.append((r.site, get_at(self.model, r.site)))
                         set_at(self.model, r.site, lane.regions[r.name].tensor)
+                        if r.name in self._site_tensors:  # a capture once sessions are served
+                            self._site_tensors[r.name] = lane.regions[r.name].tensor
             try:
                 yield
             finally:
                 for site, tensor in reversed(swapped):
                     set_at(self.model, site, tensor)
+                self._site_tensors = kept
+
+    def use(self, params: dict | None = None) -> "Binding":
+        """Serve a plain binding (one stream) at these session-parameter values from
+        now on: the value's graphs are captured now if new (params.py)."""
+        from duplexcadence.runtime.params import resolve
+
+        if self.pool is not None:
+            raise RuntimeError("a session pool binds values per session: pool.open(params=...)")
+        self.lanes[0].use(resolve(self.decl.params, params))
+        self.params_key = self.lanes[0].key
+        return self
 
     # ---------------------------------------------------------- eager section
     @contextmanager
@@ -192,7 +210,7 @@ class Binding:
     def stats(self) -> dict:
         from duplexcadence.runtime.telemetry import merge_lane_stats
 
-        per_lane = [{n: e.stats() for n, e in lane.engines.items()} for lane in self.lanes]
+        per_lane = [lane.engine_stats() for lane in self.lanes]
         return {
             "contract": self.contract,
             "device": str(self.device),
@@ -208,6 +226,7 @@ class Binding:
             "constants": dict(self.constants),
             "site_rebinds": self.site_rebinds,
             "sessions": None if self.pool is None else self.pool.stats(),
+            "params": _params_stats(self),
         }
 
     def report(self, width: int = 120) -> str:
@@ -235,9 +254,35 @@ class Binding:
             lines.append(f"  constant {name}: {what}")
         for name, why in self.declared.items():
             lines.append(f"  region {name}: {why}")
+        params = _params_stats(self)
+        if params is not None:
+            held = "; ".join(", ".join(s["held"]) for s in params["lanes"])
+            lines.append(
+                f"  session parameters: graphs of {', '.join(params['per_value'])} per value; "
+                f"held {held}; {params['captures']} value capture(s) in "
+                f"{params['capture_s']:.2f} s, {params['evictions']} eviction(s)"
+            )
         if self.pool is not None:
             lines.append(self.pool.report())
         return "\n".join(lines)
+
+
+def _params_stats(b: Binding) -> dict | None:
+    """Values bound, graphs per value held and evicted, capture cost (params.py)."""
+    if b.decl is None or not b.decl.params:
+        return None
+    lanes = [lane.values.stats() for lane in b.lanes]
+    return {
+        "declared": [
+            {"name": p.name, "lo": p.lo, "hi": p.hi, "default": p.default, "capture": p.capture}
+            for p in b.decl.params
+        ],
+        "per_value": sorted(b.lanes[0]._per_value),
+        "captures": sum(s["captures"] for s in lanes),
+        "capture_s": sum(s["capture_s"] for s in lanes),
+        "evictions": sum(s["evictions"] for s in lanes),
+        "lanes": lanes,
+    }
 
 
 def _region_stats(region: Any) -> dict:

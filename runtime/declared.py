@@ -30,6 +30,7 @@ from typing import Any, Iterator, Literal, Mapping
 from .ambient import AUTOCAST_OFF, Autocast
 from .classes import CaptureClass
 from .effects import Effect
+from .params import ParamDecl
 from .regions import RegionSpec
 from .retention import Retention
 from .sites import Step, parse_path
@@ -57,6 +58,10 @@ class RegionDecl:
     # "zeros": the site may be absent at bind (the stock creates it on its first call and
     # reads zeros until then); bind() allocates the region zeroed and creates the site
     initial: Literal["zeros"] | None = None
+    # session parameters (params.py): attended extents move by Σ coeff·(value − default);
+    # retention fields likewise, one term tuple per field in declared order
+    shift: tuple[tuple[str, int], ...] = ()
+    retention_shift: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         _normalise(self, site=_steps(self.site))
@@ -158,6 +163,7 @@ class ContractDecl:
     regions: dict[str, RegionDecl]
     callables: tuple[CallableDecl, ...]
     constants: tuple[ConstantDecl, ...] = ()
+    params: tuple[ParamDecl, ...] = ()  # values each session binds (params.py)
 
     def __post_init__(self) -> None:
         _normalise(self, regions=dict(self.regions))  # a RegionTable as the dict it stands for
@@ -187,8 +193,8 @@ class ContractDecl:
 
 # RegionSpec's fields and RegionDecl's, as a RegionTable names them; those absent are None
 _SPEC_FIELDS = ("dtype", "shape", "axis", "lifetime", "mutability")
-_DECL_FIELDS = ("install", "retention", "site", "initial")
-_OPTIONAL = frozenset({"axis", "retention", "site", "initial"})
+_DECL_FIELDS = ("install", "retention", "site", "initial", "shift", "retention_shift")
+_OPTIONAL = frozenset({"axis", "retention", "site", "initial", "shift", "retention_shift"})
 
 
 class RegionTable(Mapping[str, RegionDecl]):
@@ -197,9 +203,9 @@ class RegionTable(Mapping[str, RegionDecl]):
     ``common`` holds the fields every region shares, ``rows`` each region's own fields
     (name -> fields); a field is one of RegionSpec's (``dtype``, ``shape``, ``axis``,
     ``lifetime``, ``mutability``) or RegionDecl's (``install``, ``retention``, ``site``,
-    ``initial``). ``axis``, ``retention``, ``site`` and ``initial`` may be absent (None);
-    a field given in both
-    ``common`` and a row is an error, not an override."""
+    ``initial``, ``shift``, ``retention_shift``). ``axis``, ``retention``, ``site``,
+    ``initial`` and the two shifts may be absent (RegionDecl's default); a field given in
+    both ``common`` and a row is an error, not an override."""
 
     def __init__(self, common: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> None:
         self._regions = {name: _region(name, common, own) for name, own in rows.items()}
@@ -227,4 +233,4 @@ def _region(name: str, common: Mapping[str, Any], own: Mapping[str, Any]) -> Reg
             f"region {name}: fields given twice {both}, unknown {unknown}, missing {missing}"
         )
     spec = RegionSpec(name, *(fields.get(f) for f in _SPEC_FIELDS))
-    return RegionDecl(spec, *(fields.get(f) for f in _DECL_FIELDS))
+    return RegionDecl(spec, **{f: fields[f] for f in _DECL_FIELDS if f in fields})

@@ -24,6 +24,7 @@ eager body — under inference mode.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -33,6 +34,7 @@ from .calls import convention_of
 from .carry import CarryRegion
 from .counters import HostCounter
 from .declared import Aliased, CallableDecl
+from .params import ParamKey, ValueGraphs, classes_at, depends, merge_values, retention_at
 from .pins import pin_at
 from .regions import Region
 from .replay import ExactShapeReplay
@@ -79,9 +81,21 @@ class Lane:
             k.name: convention_of(binding.stock_callables[k.name], k.classes, k.aliased)
             for k in binding.decl.callables
         }
+        # session parameters (params.py): the value this lane's engines are at, the
+        # engines of callables whose graphs change with it, per value (bounded)
+        self.key: ParamKey = binding.params_key
+        holds = [p.hold for p in binding.decl.params if p.hold is not None]
+        self.values = ValueGraphs(min(holds) if holds else None)
+        self._shared: dict[str, ExactShapeReplay] = {}
+        self._per_value = {k.name for k in binding.decl.callables if depends(binding.decl, k)}
+        self.captured = False  # capture() ran: a new value's graphs are captured on use
         self._make_regions()
         for k in binding.decl.callables:
             self._make_callable(k)
+        if binding.decl.params:
+            self.values.put(
+                self.key, {n: self.engines[n] for n in self._per_value if n in self.engines}
+            )
 
     # ------------------------------------------------------------------ build
     def _make_regions(self) -> None:
@@ -90,7 +104,8 @@ class Lane:
             if r.install == "declared":
                 continue
             if r.install == "carry":
-                carry = CarryRegion(r.spec, r.retention, device, audit=b.audit)  # type: ignore[arg-type]
+                retention = retention_at(b.decl, r, self.key)
+                carry = CarryRegion(r.spec, retention, device, audit=b.audit)  # type: ignore[arg-type]
                 if self.owns_sites and r.site is not None and has_site(model, r.site):
                     update_at(model, r.site, carry.adopt)
                 self.regions[r.name] = carry
@@ -137,11 +152,25 @@ class Lane:
         self.bodies[k.name] = body
         if not k.replay:
             return
+        self.engines[k.name] = self._engine(k, self.key)
+        if k.name not in self._per_value:
+            self._shared[k.name] = self.engines[k.name]
+
+    def _like(self, name: str) -> ExactShapeReplay | None:
+        """The same callable's engine whose classification a new engine reuses: lane 0's
+        for a new lane; this lane's own, once it classified, for a new parameter value."""
+        own = self.engines.get(name)
+        if own is not None:
+            return own if own.effect is not None or own.rejected is not None else None
+        return self.binding.lanes[0].engines.get(name) if self.binding.lanes else None
+
+    def _engine(self, k: CallableDecl, key: ParamKey) -> ExactShapeReplay:
         b = self.binding
-        self.engines[k.name] = ExactShapeReplay(
-            body,
+        like = self._like(k.name)
+        return ExactShapeReplay(
+            self.bodies[k.name],
             name=k.name,
-            classes=list(k.classes),
+            classes=classes_at(b.decl, k, key),
             regions=self.regions,
             write_through={
                 w: (lambda w=w: self.write_through_tensor(w))
@@ -163,9 +192,9 @@ class Lane:
             ],
             ambient=k.ambient,
             # lane 0 classifies effects and warms kernels, allocator and libraries; a later
-            # lane warms its own stream once (its cuBLAS workspace) and then only captures
-            warmup=2 if self.index == 0 else 1,
-            like=None if self.index == 0 else b.lanes[0].engines.get(k.name),
+            # lane (or a new parameter value) warms each class once and then only captures
+            warmup=2 if like is None else 1,
+            like=like,
         )
 
     def _eager_body(self, k: CallableDecl) -> Callable:
@@ -223,9 +252,64 @@ class Lane:
             for engine in self.engines.values():
                 engine.pool = self.pool
                 engine.capture_all(progress=progress)
+        self.captured = True
+        # the declared capture set, then back to this lane's value
+        key = self.key
+        for value in self.binding.capture_keys:
+            self.use(value, progress=progress)
+        self.use(key)
 
     def _can_capture(self) -> bool:
         return self.backend.available(self.binding.device)
+
+    # ------------------------------------------------------ session parameters
+    def use(self, key: ParamKey, *, capture: bool | None = None, progress: bool = False) -> None:
+        """Put this lane at parameter value ``key``: its carries' retention at that value,
+        and the engines of the callables whose graphs change with it — kept ones, or new
+        ones, captured here when the lane has captured before (``capture`` overrides),
+        evicting the least recently used value past ``hold``. The caller holds the lane
+        (a session's own run, or bind), so no other session's run sees this capture."""
+        if key == self.key or not self.binding.decl.params:
+            return
+        b = self.binding
+        engines = self.values.get(key)
+        if engines is None:
+            engines = {
+                n: self._engine(self._callables[n], key)
+                for n in self._per_value
+                if n in self.engines
+            }
+            if capture if capture is not None else self.captured:
+                t0 = time.perf_counter()
+                with b.capturing(self):
+                    self._set_retention(key)
+                    for engine in engines.values():
+                        engine.pool = self.pool
+                        engine.capture_all(progress=progress)
+                self.values.captures += 1
+                self.values.capture_s += time.perf_counter() - t0
+            self.values.put(key, engines)
+        self._set_retention(key)
+        self.engines = {**self._shared, **engines}
+        self.key = key
+
+    def _set_retention(self, key: ParamKey) -> None:
+        for name, r in self.binding.decl.regions.items():
+            if r.retention_shift and name in self.regions:
+                self.regions[name].retention = retention_at(self.binding.decl, r, key)  # type: ignore[attr-defined]
+
+    def engine_stats(self) -> dict[str, dict]:
+        """Callable -> stats, over every parameter value captured here (params.py)."""
+        if not self.binding.decl.params:
+            return {n: e.stats() for n, e in self.engines.items()}
+        per_value = self.values.engine_stats()
+        return {
+            n: (merge_values(per_value[n]) if n in self._per_value else e.stats())
+            for n, e in {
+                **self._shared,
+                **{n: self.engines[n] for n in self._per_value if n in self.engines},
+            }.items()
+        }
 
     # ------------------------------------------------------------------ calls
     def call(self, name: str, args: tuple, kwargs: dict, session: Any) -> Any:

@@ -466,6 +466,15 @@ class ExactShapeReplay:
                 self.invalidations += 1
         self.invalidation_log.append(message)
 
+    def release(self) -> None:
+        """Drop every graph and static buffer (its parameter value was evicted from the
+        lane, params.py): the engine is never called again; its counters stay."""
+        for e in self._entries:
+            if e.status == "captured":
+                e.status = "released"
+            e.captured = e.plan = None
+            e.inputs, e.staged = (), []
+
     def _invalidate(self, sig: tuple, wname: str, was: tuple, now: tuple) -> None:
         """Drop every captured class of ``sig``: they all wrote through the moved buffer."""
         group = [

@@ -56,6 +56,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .backend import capture_stream, drawing_from, generator_state
+from .params import resolve
 from .regions import Region
 from .trees import SharedState, map_tensors
 from .undeclared import watching_undeclared_writes
@@ -225,6 +226,7 @@ class SessionPool:
         turn_key: Any = None,
         shared: Callable[[], list] | None = None,
         name: str | None = None,
+        params: dict | None = None,
     ) -> "Session":
         """A new session. ``obj``: the session's own view of the model (the vendor's
         per-session call runs on it); ``state``: its attributes that hold per-session
@@ -233,7 +235,12 @@ class SessionPool:
         turn-start state kept under this key, if any (``mark_turn_start``); ``shared``:
         for a model that keeps a stream's state in its shared modules, a callable
         returning the objects that hold it — swapped in place around every step
-        (trees.SharedState; one lane only, the modules being one set)."""
+        (trees.SharedState; one lane only, the modules being one set); ``params``: the
+        session's values of the contract's session parameters (``{"f_prompt": 200}``;
+        defaults otherwise; ``ParamError`` outside the declared domain). A value's graphs
+        are captured when a lane first runs one of its steps, on that lane, before the
+        step (params.py): never inside another session's step."""
+        key = resolve(self.binding.decl.params, params)
         if shared is not None and len(self.lanes) > 1:
             raise SessionError(
                 "state kept in the model's shared objects is one set: serve it on one lane"
@@ -249,6 +256,7 @@ class SessionPool:
             sid = next(self._ids)
             self.counters["opened"] += 1
         s = Session(self, sid, obj, seed, tuple(dict.fromkeys(self._site_roots() + state)), name)
+        s.params_key = key
         s.shared = SharedState(shared) if shared is not None else None
         if turn_key is not None:
             s.turn_key = turn_key
@@ -340,6 +348,7 @@ class Session:
         self._turn_start: _TurnStart | None = None
         self.shared: SharedState | None = None
         self._shared_snapshot: list | None = None
+        self.params_key: tuple = pool.binding.params_key  # session-parameter values
 
     # ------------------------------------------------------------------- run
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -370,6 +379,9 @@ class Session:
 
     def _run_on(self, lane: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
         pool = self.pool
+        # this session's parameter values: the lane's graphs for them (captured now, on
+        # this lane, if it has none yet) and its carries' retention
+        lane.use(self.params_key)
         token = _CURRENT.set(_Run(pool.binding, self, lane))
         exclusive = isinstance(fn, _Exclusive)
         try:

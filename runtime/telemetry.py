@@ -24,7 +24,7 @@ def _mib(n: int | None) -> str:
 
 def merge_lane_stats(per_lane: list[dict]) -> dict:
     """One callable's ``stats()`` over every lane it has: counters and costs added up,
-    misses merged, the class list of lane 0 with every lane's hits."""
+    misses merged, every lane's classes with their hits added up by class."""
     if len(per_lane) == 1:
         return per_lane[0]
     out = dict(per_lane[0])
@@ -50,10 +50,17 @@ def merge_lane_stats(per_lane: list[dict]) -> dict:
             details.setdefault(reason, text)
     out["misses"], out["miss_details"] = misses, details
     out["miss_log"] = [dict(m, lane=i) for i, s in enumerate(per_lane) for m in s["miss_log"]]
-    out["classes"] = [
-        dict(c, hits=sum(s["classes"][i]["hits"] for s in per_lane))
-        for i, c in enumerate(per_lane[0]["classes"])
-    ]
+    # by name (and session-parameter value): lanes at different values hold different
+    # classes (params.py); with one value every lane lists the same classes
+    classes: dict[tuple, dict] = {}
+    for s in per_lane:
+        for c in s["classes"]:
+            key = (c["name"], c.get("params"))
+            if key in classes:
+                classes[key]["hits"] += c["hits"]
+            else:
+                classes[key] = dict(c)
+    out["classes"] = list(classes.values())
     out["lanes"] = len(per_lane)
     return out
 

@@ -281,3 +281,66 @@ def test_check_time_is_linear_in_contract_size():
 
     small, large = best_of_three(_big_contract(40)), best_of_three(_big_contract(160))
     assert large / small < 8  # x4 the size: quadratic work would be x16
+
+
+# ------------------------------------------- a staged argument as long as a region extent
+STAGED_BY_EXTENT = """
+contract staged
+clock chunk = 1 per call
+clock frame = 2 per chunk
+region carry {{
+  dtype float32
+  dims [4, frame]
+  lifetime turn
+  mutability mutable
+  retention head(6 frame) ++ tail(4 frame)
+  attended from 6 frame by 2 frame until 10 frame
+  site cache["carry"]
+}}
+region other {{
+  dtype float32
+  dims [4, frame]
+  lifetime turn
+  mutability mutable
+  retention window(8 frame)
+  attended from 8 frame by 2 frame until 8 frame
+  site cache["other"]
+}}
+callable step {{
+  site model.step
+  per chunk
+  arg side: float32 [3, {length}]
+  arg carry: region carry
+  config last in {{false, true}}
+  kwarg last: bool
+  aliased carry
+  retains carry from result[1]
+}}
+"""
+
+
+def test_a_staged_argument_follows_its_region_extent_class_by_class():
+    from duplexcadence.compiler.driver import compile_source
+
+    result = compile_source(STAGED_BY_EXTENT.format(length="extent(carry) + 1 frame"), "s.clock")
+    assert result.ok, result.diagnostics
+    [k] = result.analysis.callables
+    # the extent's 3 states x 2 flags: no config of its own multiplies the catalog
+    assert k.width == 6 and len(k.classes) == 6
+    # the generated catalog (rows form), expanded to its classes: each class stages the
+    # side input at its own carry extent
+    [code] = [text for name, text in result.files.items() if name.endswith("contract.py")]
+    namespace: dict = {}
+    exec(compile(code, "contract.py", "exec"), namespace)
+    classes = namespace["DECLARED"].callables[0].classes
+    staged = sorted((c.args[0].shape, c.args[1].extent) for c in classes)
+    assert staged == sorted(((3, e + 1), e) for e in (6, 8, 10) for _ in range(2))
+    # staging bytes per class: 3 x (extent + 1) float32, summed over the classes
+    assert k.staging_bytes == sum(2 * 3 * (e + 1) * 4 for e in (6, 8, 10))
+
+
+def test_extent_in_an_argument_must_name_a_region_argument_of_the_callable():
+    result = check_source(STAGED_BY_EXTENT.format(length="extent(other)"), "s.clock")
+    assert not result.ok
+    [d] = [d for d in result.diagnostics if d.severity == "error"]
+    assert d.code == "CLK011" and "extent(other)" in d.message

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplexcadence.compiler.analysis import _eval, _value
+from duplexcadence.compiler.analysis import tensor_layout
 from duplexcadence.compiler.driver import check_source
 from duplexcadence.compiler.lower import region_installs
 from duplexcadence.dsl import ir
@@ -30,6 +30,7 @@ from duplexcadence.runtime import (
     Window,
     parse_path,
 )
+from duplexcadence.runtime.params import ParamDecl
 from duplexcadence.runtime.regions import RegionSpec
 from duplexcadence.runtime.sites import format_path
 
@@ -42,7 +43,7 @@ def _analysed(path: Path):
     result = check_source(path.read_text(), str(path))
     assert result.ok, result.diagnostics
     module = importlib.import_module(f"duplexcadence.generated.{result.checked.contract.name}")
-    return result.checked, result.analysis, module.DECLARED
+    return result.checked, result.analysis, module.DECLARED, result.params
 
 
 def _steps(path: ir.Path, head: tuple | None = None) -> tuple:
@@ -58,12 +59,10 @@ def _leaf(arg: ir.Arg, cls, checked):
         index = None if t.index is None else config[t.index]
         return RegionView(t.region, dict(cls.extents).get(t.region), index)
     if isinstance(t, ir.TensorArg):
-        env = {n: _value(v) for n, v in config.items()}
-        ev = lambda exprs: tuple(_eval(d, checked, env) for d in exprs)  # noqa: E731
+        # dims may name `extent(R)` (Token2Wav 1.0.7): evaluated at this class's extents
+        dims, stride, offset = tensor_layout(t, checked, config, dict(cls.extents))
         dtype = getattr(torch, "bool" if t.dtype == "bool8" else t.dtype)
-        stride = None if t.strides is None else ev(t.strides)
-        offset = 0 if t.offset is None else _eval(t.offset, checked, env)
-        return TensorSpec(ev(t.dims), dtype, stride=stride, offset=offset)
+        return TensorSpec(dims, dtype, stride=stride, offset=offset)
     return None if t.type == "none" else config[arg.path.root]
 
 
@@ -92,7 +91,7 @@ def _expected_classes(k: ir.Callable, analysis, checked) -> tuple:
 
 @pytest.mark.parametrize("path", CONTRACTS, ids=lambda p: p.stem)
 def test_catalog_rows_expand_to_the_analysed_classes(path):
-    checked, analysis, declared = _analysed(path)
+    checked, analysis, declared, _ = _analysed(path)
     by_name = {k.name: k for k in declared.callables}
     for k, ka in zip(checked.contract.callables, analysis.callables):
         expected = _expected_classes(k, ka, checked) if ka.in_scope else ()
@@ -105,7 +104,7 @@ def test_catalog_rows_expand_to_the_analysed_classes(path):
 
 @pytest.mark.parametrize("path", CONTRACTS, ids=lambda p: p.stem)
 def test_region_table_and_dotted_sites_expand_to_the_declared_values(path):
-    checked, analysis, declared = _analysed(path)
+    checked, analysis, declared, pa = _analysed(path)
     installs = region_installs(checked.contract)
     plans = {r.name: r for r in analysis.regions}
     retention = {"head_tail": HeadTail, "window": Window, "ring": Ring}
@@ -113,12 +112,23 @@ def test_region_table_and_dotted_sites_expand_to_the_declared_values(path):
     for r in checked.contract.regions:
         got, plan = declared.regions[r.name], plans[r.name]
         dtype = getattr(torch, "bool" if r.dtype == "bool8" else r.dtype)
-        spec = RegionSpec(r.name, dtype, plan.shape, plan.axis, r.lifetime, r.mutability)
+        # session parameters: allocated at the domain's largest shape
+        shape = plan.shape if pa is None else pa.shapes[r.name]
+        spec = RegionSpec(r.name, dtype, shape, plan.axis, r.lifetime, r.mutability)
         numbers = checked.regions[r.name].retention
         assert got.spec == spec and got.install == installs[r.name]
         assert got.retention == (None if numbers is None else retention[numbers[0]](*numbers[1]))
         assert got.site == (None if r.site is None else _steps(r.site))
         assert got.initial == r.initial  # `initial zeros`, None where the contract says none
+        # attended extents and retention sizes shifted per parameter value; () without
+        assert got.shift == (() if pa is None else tuple(pa.extent_shift.get(r.name, ())))
+        assert got.retention_shift == (
+            () if pa is None else tuple(pa.retention_shift.get(r.name, ()))
+        )
+    assert declared.params == tuple(
+        ParamDecl(p.name, p.lo, p.hi, pa.reference[p.name], tuple(p.capture), p.hold)
+        for p in sorted(checked.contract.params, key=lambda p: p.name)
+    )
     for k, decl in zip(
         sorted(checked.contract.callables, key=lambda k: k.name), declared.callables
     ):
@@ -213,6 +223,27 @@ def test_region_table_refuses_a_field_twice_or_unknown():
     for row in (dict(shape=(2,), lifetime="session"), dict(shape=(2,), colour=1), dict()):
         with pytest.raises(ValueError, match="region r"):
             RegionTable(common, {"r": row})
+
+
+def test_token2wav_contracts_shift_regions_with_their_prompt():
+    """The parameter comparison above is not vacuous: the Token2Wav contracts declare
+    `param f_prompt`, and some of their regions shift with it."""
+    for name in ("stepaudio2_token2wav", "stepaudio2_token2wav_step"):
+        _, _, declared, pa = _analysed(ROOT / "contracts" / f"{name}.clock")
+        assert [p.name for p in declared.params] == ["f_prompt"] and pa is not None
+        assert any(r.shift for r in declared.regions.values()), name
+        assert any(any(r.retention_shift) for r in declared.regions.values()), name
+
+
+def test_region_table_passes_the_shifts_and_leaves_them_out_when_unset():
+    common = dict(dtype=torch.float32, lifetime="turn", mutability="mutable", install="allocate")
+    shift = (("f_prompt", 1),)
+    table = RegionTable(
+        common,
+        {"r": dict(shape=(2,), shift=shift, retention_shift=(shift, ())), "s": dict(shape=(2,))},
+    )
+    assert table["r"].shift == shift and table["r"].retention_shift == (shift, ())
+    assert table["s"].shift == () and table["s"].retention_shift == ()
 
 
 def test_generated_files_stay_small():

@@ -32,6 +32,15 @@ RELEASES = {
         "bench/requirements-token2wav.txt",
         ("einops", "scipy", "numpy"),
     ),
+    # 1.0.7 installs beside 1.0.6 (same package name), into a folder that
+    # bench.workloads.token2wav107 puts first on sys.path: see requirements-token2wav107.txt
+    "token2wav107": Release(
+        "stepaudio2",
+        "minicpmo-utils",
+        "1.0.7",
+        "bench/requirements-token2wav107.txt --target .vendor/minicpmo-utils-1.0.7",
+        ("einops", "scipy", "numpy"),
+    ),
     "moshi": Release(
         "moshi",
         "moshi",

@@ -153,9 +153,9 @@ def _stand_in(name: str, attrs: tuple[str, ...]) -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def _import_stand_ins() -> Any:
+def _import_stand_ins(stand_ins: dict[str, tuple[str, ...]]) -> Any:
     """Stand-ins for the names not imported for real, taken out again afterwards."""
-    mods = {n: _stand_in(n, a) for n, a in _STAND_INS.items() if n not in sys.modules}
+    mods = {n: _stand_in(n, a) for n, a in stand_ins.items() if n not in sys.modules}
     for name, mod in mods.items():
         sys.modules[name] = mod
         parent, _, child = name.rpartition(".")
@@ -173,22 +173,30 @@ def import_stepaudio2() -> types.SimpleNamespace:
     """The stock submodules (attributes as ``_SUBMODULES``), imported without running
     ``stepaudio2/__init__.py``; ImportError when 1.0.6 is not installed."""
     global _modules
-    if _modules is not None:
-        return _modules
-    reason = unavailable_reason()
+    if _modules is None:
+        _modules = import_submodules("token2wav", _SUBMODULES, _STAND_INS)
+        parent = sys.modules["stepaudio2"]
+        if getattr(parent, "__duplexcadence_bare_parent__", False):
+            parent.Token2wav = _modules.token2wav.Token2wav  # what the real __init__ exports
+    return _modules
+
+
+def import_submodules(
+    release: str, submodules: dict[str, str], stand_ins: dict[str, tuple[str, ...]]
+) -> types.SimpleNamespace:
+    """``submodules`` (key -> module) of the ``release`` installed (bench/workloads
+    RELEASES), imported under a bare ``stepaudio2`` parent with the import
+    ``stand_ins``; ImportError if it is missing. 1.0.7 (token2wav107.py) uses it too."""
+    reason = workloads.unavailable_reason(release)
     if reason is not None:
         raise ImportError(reason)
     register_bare_parent("stepaudio2")
     # torch._dynamo probes third-party specs (onnxruntime) at import: import it before
     # a stand-in exists.
     importlib.import_module("torch._dynamo")
-    with _import_stand_ins():
-        mods = {key: importlib.import_module(name) for key, name in _SUBMODULES.items()}
-    parent = sys.modules["stepaudio2"]
-    if getattr(parent, "__duplexcadence_bare_parent__", False):
-        parent.Token2wav = mods["token2wav"].Token2wav  # what the real __init__ exports
-    _modules = types.SimpleNamespace(**mods)
-    return _modules
+    with _import_stand_ins(stand_ins):
+        mods = {key: importlib.import_module(name) for key, name in submodules.items()}
+    return types.SimpleNamespace(**mods)
 
 
 def _fill_all_zero_params(module: torch.nn.Module, std: float) -> list[str]:
@@ -202,19 +210,25 @@ def _fill_all_zero_params(module: torch.nn.Module, std: float) -> list[str]:
     return names
 
 
-def build_flow_and_hift(seed: int) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+def build_flow(seed: int, m: types.SimpleNamespace | None = None) -> tuple[torch.nn.Module, list]:
     """The real flow of FLOW_CONFIG (hyperpyyaml's construction order: encoder,
-    estimator, CFM, flow) and HiFT on the CPU, seeded; and the re-filled parameters."""
-    m = import_stepaudio2()
+    estimator, CFM, flow) on the CPU, seeded, and its re-filled parameters. ``m``: the
+    imported submodules (default 1.0.6's; 1.0.7's flow is the same code and config)."""
+    m = m or import_stepaudio2()
     torch.manual_seed(subseed(seed, 0))
     encoder = m.upsample_encoder_v2.UpsampleConformerEncoderV2(**FLOW_CONFIG["encoder"])
     estimator = m.decoder_dit.DiT(**FLOW_CONFIG["estimator"])
     decoder = m.flow_matching.CausalConditionalCFM(estimator, **FLOW_CONFIG["cfm"])
     flow = m.flow.CausalMaskedDiffWithXvec(encoder=encoder, decoder=decoder, **FLOW_CONFIG["flow"])
-    refilled = {"flow": _fill_all_zero_params(flow, ZERO_PARAM_FILL_STD)}
+    return flow, _fill_all_zero_params(flow, ZERO_PARAM_FILL_STD)
+
+
+def build_flow_and_hift(seed: int) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+    """The flow (``build_flow``) and HiFT on the CPU, seeded; and the re-filled parameters."""
+    flow, flow_refilled = build_flow(seed)
     torch.manual_seed(subseed(seed, 1))
-    hift = m.hifigan.HiFTGenerator()
-    refilled["hift"] = _fill_all_zero_params(hift, ZERO_PARAM_FILL_STD)
+    hift = import_stepaudio2().hifigan.HiFTGenerator()
+    refilled = {"flow": flow_refilled, "hift": _fill_all_zero_params(hift, ZERO_PARAM_FILL_STD)}
     return flow, hift, refilled
 
 

@@ -7,7 +7,9 @@ from duplexcadence.runtime import bind_contract
 from .contract import DECLARED
 
 
-def bind(model, *, device=None, audit=False, capture=True, progress=True, backend=None):
+def bind(
+    model, *, device=None, audit=False, capture=True, progress=True, backend=None, params=None
+):
     """Install the `moshi` contract on `model` and return the Binding.
 
     Regions are allocated once at demand size and installed at their sites, retention
@@ -15,6 +17,9 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True, backen
     exact-shape replay engine. On CUDA every catalog is captured here, before traffic
     (`capture=False` leaves it to `binding.capture()`); on any other device everything
     runs eagerly. `binding.sessions(lanes=K)` serves many sessions on K replay lanes.
+    `params`: the session-parameter values this binding serves, if the contract
+    declares any (`{"name": value}`; defaults otherwise; a session pool binds them
+    per session with `pool.open(params=...)`).
     """
     return bind_contract(
         model,
@@ -24,4 +29,5 @@ def bind(model, *, device=None, audit=False, capture=True, progress=True, backen
         capture=capture,
         progress=progress,
         backend=backend,
+        params=params,
     )
