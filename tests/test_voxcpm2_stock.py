@@ -73,8 +73,14 @@ def test_stock_chunk_shapes(first_run: dict) -> None:
 def test_stock_state_is_the_contracts_regions(first_run: dict) -> None:
     from duplexcadence.generated.voxcpm2 import contract
 
-    # region -> module path under vae.decoder (the key of its conv_states site)
-    by_path = {r.site[-1][1]: name for name, r in contract.REGIONS.items() if r.site}
+    # region -> module path under vae.decoder: its site is stream._states[id(vae.decoder.
+    # <path>)], the identity step's module path (("attr", "vae"), ("attr", "decoder"), ...)
+    def module_path(site: tuple) -> str:
+        kind, steps = site[-1]
+        assert kind == "identity" and steps[:2] == (("attr", "vae"), ("attr", "decoder"))
+        return ".".join(str(value) for _, value in steps[2:])
+
+    by_path = {module_path(r.site): name for name, r in contract.REGIONS.items() if r.site}
     for states in first_run["states"]:  # the same 26 entries after every chunk
         assert {s["path"] for s in states} == set(by_path)
         for s in states:
