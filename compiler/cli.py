@@ -384,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", choices=("text", "json"), default="text")
     plan.set_defaults(func=cmd_plan)
 
+    _add_verify_and_draft(sub)
+    return parser
+
+
+def _add_verify_and_draft(sub) -> None:
+    """The two subcommands that run a user's model (runtime/streams.py names it)."""
     verify = sub.add_parser(
         "verify",
         help="stream a model and its bound copy side by side; report the first divergence",
@@ -430,7 +436,6 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", default=None, metavar="FILE", help="write here, not stdout"
     )
     draft.set_defaults(func=cmd_draft)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

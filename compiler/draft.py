@@ -94,63 +94,14 @@ def render_draft(trace: Any, name: str | None = None, source: str = "") -> str:
         clock = frame_clocks[frames]
         rname = names.make(c.label, "carry")
         region_of_carry[(c.callable, c.label, c.result)] = rname
-        kind, params = c.retention
-        retention = ir.Retention(kind=kind, params=tuple(_q(p, clock) for p in params))
-        bound = sum(params)
-        start = c.extents[0]
-        dims = tuple(
-            ir.NameRef(name=clock) if i == c.axis else _q(d) for i, d in enumerate(c.shape)
-        )
-        regions.append(
-            ir.Region(
-                name=rname,
-                dtype=c.dtype,
-                dims=dims,
-                lifetime="turn",
-                retention=retention,
-                attended=ir.Attended(
-                    start=_q(start, clock), stride=_q(c.stride, clock), until=_q(bound, clock)
-                ),
-                site=_path(c.site) if c.site else None,
-            )
-        )
-        shown = (
-            f"head({params[0]}) ++ tail({params[1]})"
-            if kind == "head_tail"
-            else f"window({params[0]})"
-        )
-        order = "new frames last" if c.order == "append" else "new frames first (newest-first)"
-        comments[f"region {rname}"] = [
-            f"carried by {c.callable}: grown by torch.cat along axis {c.axis}, {order},",
-            f"{c.stride} frames per call; the loop passed back {shown} of the result",
-            f"(storage order). Attended extents seen: {_seen(c.extents)}.",
-            "lifetime turn is a guess: the trace saw no turn boundary.",
-        ]
+        region, comments[f"region {rname}"] = _carry_region(c, rname, clock)
+        regions.append(region)
     buffer_regions: dict[tuple, str] = {}
     for b in trace.buffers:
         rname = names.make(str(b.site[-1][1]), "buffer")
         buffer_regions[b.site] = rname
-        regions.append(
-            ir.Region(
-                name=rname,
-                dtype=b.dtype,
-                dims=tuple(_q(d) for d in b.shape),
-                lifetime="turn" if b.read_back else "operator",
-                allocate="stock",
-                stock=tuple(_q(d) for d in b.shape),
-                site=_path(b.site),
-            )
-        )
-        comments[f"region {rname}"] = [
-            f"written in place by {', '.join(sorted(b.writers))}"
-            + (
-                "; a later call reads it back (state kept in place)."
-                if b.read_back
-                else "; scratch."
-            ),
-            "declared as the stock tensor (allocate stock): the demand extent a call really uses is",
-            "not inferred; declare dims with a clock axis and an envelope to shrink it.",
-        ]
+        region, comments[f"region {rname}"] = _buffer_region(b, rname)
+        regions.append(region)
     callables = []
     for k in trace.callables:
         cname = names.make(k.name, "call")
@@ -171,6 +122,55 @@ def render_draft(trace: Any, name: str | None = None, source: str = "") -> str:
         callables=tuple(callables),
     )
     return _with_comments(print_contract(ir_contract), trace, source, comments)
+
+
+def _carry_region(c: Any, rname: str, clock: str) -> tuple[ir.Region, list[str]]:
+    """A carry the trace found, as a region on its frame clock, and what to say of it."""
+    kind, params = c.retention
+    retention = ir.Retention(kind=kind, params=tuple(_q(p, clock) for p in params))
+    bound = sum(params)
+    start = c.extents[0]
+    dims = tuple(ir.NameRef(name=clock) if i == c.axis else _q(d) for i, d in enumerate(c.shape))
+    region = ir.Region(
+        name=rname,
+        dtype=c.dtype,
+        dims=dims,
+        lifetime="turn",
+        retention=retention,
+        attended=ir.Attended(
+            start=_q(start, clock), stride=_q(c.stride, clock), until=_q(bound, clock)
+        ),
+        site=_path(c.site) if c.site else None,
+    )
+    shown = (
+        f"head({params[0]}) ++ tail({params[1]})" if kind == "head_tail" else f"window({params[0]})"
+    )
+    order = "new frames last" if c.order == "append" else "new frames first (newest-first)"
+    return region, [
+        f"carried by {c.callable}: grown by torch.cat along axis {c.axis}, {order},",
+        f"{c.stride} frames per call; the loop passed back {shown} of the result",
+        f"(storage order). Attended extents seen: {_seen(c.extents)}.",
+        "lifetime turn is a guess: the trace saw no turn boundary.",
+    ]
+
+
+def _buffer_region(b: Any, rname: str) -> tuple[ir.Region, list[str]]:
+    """A tensor written in place at a site, declared as the stock tensor."""
+    region = ir.Region(
+        name=rname,
+        dtype=b.dtype,
+        dims=tuple(_q(d) for d in b.shape),
+        lifetime="turn" if b.read_back else "operator",
+        allocate="stock",
+        stock=tuple(_q(d) for d in b.shape),
+        site=_path(b.site),
+    )
+    return region, [
+        f"written in place by {', '.join(sorted(b.writers))}"
+        + ("; a later call reads it back (state kept in place)." if b.read_back else "; scratch."),
+        "declared as the stock tensor (allocate stock): the demand extent a call really uses is",
+        "not inferred; declare dims with a clock axis and an envelope to shrink it.",
+    ]
 
 
 def _seen(values: list) -> str:
