@@ -244,13 +244,26 @@ def cmd_plan(args) -> int:
     return 0 if ok else 1
 
 
+def _load_user_stream(target: str):
+    """The user's StreamSpec named `pkg.mod:fn` (verify, draft). Its module is the user's
+    code in this folder, as pytest and uvicorn find theirs; a console script does not put
+    the current folder on the path, so it is put there first."""
+    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
+
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return load_stream_spec(target)
+    except StreamSpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_verify(args) -> int:
     """Stream a model beside its bound copy and compare bit for bit (runtime/verify.py).
 
     The runtime is imported here, not at module import: check, compile and plan work
     without torch, and the compiler depends on the runtime only for this command."""
     from duplexcadence.compiler.loader import LoadError, load_adapter
-    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
     from duplexcadence.runtime.verify import verify_stream
 
     if args.chunks < 1:
@@ -269,14 +282,7 @@ def cmd_verify(args) -> int:
         if args.format == "json":
             print(_document("verify", [entry]))
         return 1
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        # the stream's module is the user's code in this folder, as pytest and uvicorn
-        # find theirs; a console script does not put the current folder on the path
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        spec = load_stream_spec(args.stream)
-    except StreamSpecError as exc:
-        raise UsageError(str(exc)) from None
+    spec = _load_user_stream(args.stream)
     verdict = verify_stream(
         adapter.bind, spec, args.chunks, device=args.device, backend=args.backend
     )
@@ -295,16 +301,10 @@ def cmd_draft(args) -> int:
     Runs the user's model, so torch and the runtime are imported here only."""
     if args.chunks < 2:
         raise UsageError("--chunks must be at least 2 (a carry shows across calls)")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # `pkg.mod:fn` names the user's code from here, as pytest does
     from duplexcadence.compiler.draft import render_draft
-    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
     from duplexcadence.runtime.trace_draft import trace_stream
 
-    try:
-        spec = load_stream_spec(args.stream)
-    except StreamSpecError as exc:
-        raise UsageError(str(exc)) from None
+    spec = _load_user_stream(args.stream)
     text = render_draft(trace_stream(spec, args.chunks), args.name, source=args.stream)
     shown = args.output or "<draft>"
     result = check_source(text, shown)
