@@ -127,10 +127,29 @@ class CudaGraphBackend:
     ) -> Captured:
         with torch.cuda.device(device):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self._stream(device)):
-                out = fn(*args, **kwargs)
+            try:
+                # thread_local: other sessions' threads keep running (and allocating,
+                # synchronising) on their own lanes while a new value is captured here
+                with torch.cuda.graph(
+                    graph, pool=pool, stream=self._stream(device), capture_error_mode="thread_local"
+                ):
+                    out = fn(*args, **kwargs)
+            except BaseException:
+                _stop_recording(device, pool if pool is not None else graph.pool())
+                raise
             torch.cuda.synchronize(device)
         return _CudaCaptured(graph, out)
+
+
+def _stop_recording(device: torch.device, pool: Any) -> None:
+    """After a failed capture: the allocator may still route this thread's allocations
+    to the graph pool (``capture_end`` raised before ending it), and every later
+    capture into the pool would fail ("already recording"). End it if it is open."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        torch._C._cuda_endAllocateToPool(idx, pool)
+    except RuntimeError:
+        pass  # capture_end had ended it: "not currently recording to mempool_id"
 
 
 # ----------------------------------------------------------- per-lane generators

@@ -121,8 +121,14 @@ class Binding:
     def capturing(self, lane: Any) -> Iterator[None]:
         """A lane captures with its own regions at the model's sites (eager warm-up
         reads scratch there), drawing from its own generator (so its graphs register
-        that state), under the eager lock; the sites are put back after."""
+        that state), under the eager lock; the sites are put back after.
+
+        On CUDA the device is synchronised first: a capture may not wait on an event
+        recorded outside it (that invalidates the capture), so the eager sections
+        inside it skip their event ordering, and this is what orders them instead."""
         with self.eager_lock, drawing_from(self.device, lane.rng):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             swapped = []
             kept = dict(self._site_tensors)
             if not lane.owns_sites:
@@ -160,7 +166,9 @@ class Binding:
             yield
             return
         with self.eager_lock, drawing_from(self.device, lane.rng):
-            cuda = self.device.type == "cuda"
+            # inside a capture (a value's first use in a session's run) the device is
+            # already ordered (capturing() synchronised) and an event is out of bounds
+            cuda = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
             if cuda and self._eager_done is not None:
                 torch.cuda.current_stream(self.device).wait_event(self._eager_done)
             yield

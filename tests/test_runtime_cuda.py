@@ -257,6 +257,29 @@ def test_shared_pool_between_replays():
     assert ea.hits == eb.hits == 4
 
 
+def test_a_failed_capture_leaves_the_pool_usable():
+    """A capture that fails (here a host sync inside it) must not leave the allocator
+    recording into the pool: the next capture into the same pool succeeds and replays."""
+    from duplexcadence.runtime.backend import CudaGraphBackend
+
+    backend = CudaGraphBackend()
+    pool = backend.new_pool(DEV)
+    x = torch.arange(8.0, device=DEV)
+
+    def syncs(t):
+        y = t * 2
+        y.sum().item()  # not permitted while the stream is capturing
+        return y
+
+    with pytest.raises(Exception):
+        backend.capture(syncs, (x,), {}, DEV, pool)
+    captured = backend.capture(lambda t: t * 3 + 1, (x,), {}, DEV, pool)
+    x.add_(1)
+    captured.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.outputs, x * 3 + 1)
+
+
 def test_retain_allocates_nothing_on_device():
     carry = CarryRegion(
         RegionSpec("kv", torch.float32, (2, CAP, DIM), 1, "session", "mutable"), HeadTail(P, R), DEV

@@ -211,13 +211,6 @@ def test_the_declared_capture_set_is_captured_at_bind():
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(
-    strict=True,
-    reason="H200, 2026-12-01: a value captured on first use inside a pooled session's run "
-    "invalidates the stream capture (cudaErrorStreamCaptureInvalidated), and the failed "
-    "capture leaves the lane's pool recording (every later class: 'beginAllocateToPool: "
-    "already recording'); every call runs eager and stays exact (capture_failed 18/18)",
-)
 def test_cuda_sessions_of_different_values_replay_real_graphs_exactly():
     """The same on CUDA graphs: two lanes, values captured on first use on each lane."""
     dev = torch.device("cuda")
