@@ -45,7 +45,9 @@ DEPS = (
     "opentelemetry-semantic-conventions==0.66b2",
     "opentelemetry-proto==1.45.2",
     "opentelemetry-exporter-prometheus==0.66b2",
-    "grpcio-reflection==1.85.1",
+    # the image's grpcio is 1.84.0 and a reflection module generated for a newer grpcio
+    # refuses to import (measured on the H200: 1.85.1 stopped `from ray import serve`)
+    "grpcio-reflection==1.84.0",
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 LIMIT = 64 * 2**20

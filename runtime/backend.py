@@ -136,6 +136,7 @@ class CudaGraphBackend:
                     out = fn(*args, **kwargs)
             except BaseException:
                 _stop_recording(device, pool if pool is not None else graph.pool())
+                _end_generator_capture(device, self._stream(device))
                 raise
             torch.cuda.synchronize(device)
         return _CudaCaptured(graph, out)
@@ -150,6 +151,16 @@ def _stop_recording(device: torch.device, pool: Any) -> None:
         torch._C._cuda_endAllocateToPool(idx, pool)
     except RuntimeError:
         pass  # capture_end had ended it: "not currently recording to mempool_id"
+
+
+def _end_generator_capture(device: torch.device, stream: "torch.cuda.Stream") -> None:
+    """After a failed capture: the generator state it registered (the default's, or a
+    lane's swapped in) still says "capturing", so every later draw outside a capture
+    raises. A tiny capture that draws nothing, of the same state, ends that cleanly."""
+    scratch = torch.zeros(1, device=device)
+    with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream, capture_error_mode="thread_local"):
+        scratch.add_(1)
+    torch.cuda.synchronize(device)
 
 
 # ----------------------------------------------------------- per-lane generators

@@ -258,8 +258,9 @@ def test_shared_pool_between_replays():
 
 
 def test_a_failed_capture_leaves_the_pool_usable():
-    """A capture that fails (here a host sync inside it) must not leave the allocator
-    recording into the pool: the next capture into the same pool succeeds and replays."""
+    """A capture that fails (here a host sync inside it) must leave neither the
+    allocator recording into the pool nor the generator capturing: the next capture
+    into the same pool succeeds and replays, and eager draws still work."""
     from duplexcadence.runtime.backend import CudaGraphBackend
 
     backend = CudaGraphBackend()
@@ -273,6 +274,7 @@ def test_a_failed_capture_leaves_the_pool_usable():
 
     with pytest.raises(Exception):
         backend.capture(syncs, (x,), {}, DEV, pool)
+    torch.randn(4, device=DEV)  # raised "Offset increment outside graph capture" before
     captured = backend.capture(lambda t: t * 3 + 1, (x,), {}, DEV, pool)
     x.add_(1)
     captured.replay()
