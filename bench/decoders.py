@@ -14,6 +14,9 @@ method a ``torch.compile`` control wraps. The cells, the same for both:
 * ``compile``    control: ``torch.compile(mode="default")`` of the decoder module's method.
 * ``compile_ro`` control: ``torch.compile(mode="reduce-overhead")`` (inductor's CUDA graphs);
   it aborted in torch 2.11 for Token2Wav, so anything it raises is a ``failed`` record.
+* ``compile_mat`` control: ``torch.compile(mode="max-autotune-no-cudagraphs")``.
+
+The compile modes are Token2Wav's (``bench.token2wav.COMPILE_CELLS``: one definition).
 
 A driver may add its own cells (a competitor) through ``Decoder.extra_setup``.
 """
@@ -25,7 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from bench.harness import Cell, CellFailed, WorkerContext
-from bench.token2wav import arm_compile_budget, counters_delta, dynamo_counters
+from bench.token2wav import COMPILE_CELLS, arm_compile_budget, counters_delta, dynamo_counters
+
+# {Token2Wav compile cell: its torch.compile mode}
+COMPILE_MODES = {c.name: c.compile_mode for c in COMPILE_CELLS}
 
 
 @dataclass(frozen=True)
@@ -44,21 +50,21 @@ def cells(compiled: str, extra: tuple[Cell, ...] = ()) -> tuple[Cell, ...]:
             "the first chunk",
             bind=True,
         ),
-        DecoderCell(
-            "compile",
-            f'control: torch.compile(mode="default", dynamic=False) of {compiled}',
-            needs_cuda=True,
-            failure="torch.compile / default",
-            compile_mode="default",
-        ),
-        DecoderCell(
-            "compile_ro",
-            f'control: torch.compile(mode="reduce-overhead", dynamic=False) of {compiled}',
-            needs_cuda=True,
-            failure="torch.compile / reduce-overhead",
-            compile_mode="reduce-overhead",
-        ),
+        compile_cell("compile", COMPILE_MODES["compile_default"], compiled),
+        compile_cell("compile_ro", COMPILE_MODES["compile_ro"], compiled),
+        compile_cell("compile_mat", COMPILE_MODES["compile_mat"], compiled),
         *extra,
+    )
+
+
+def compile_cell(name: str, mode: str, compiled: str) -> DecoderCell:
+    """A torch.compile control of ``compiled`` in ``mode``; what it raises is ``failed``."""
+    return DecoderCell(
+        name,
+        f'control: torch.compile(mode="{mode}", dynamic=False) of {compiled}',
+        needs_cuda=True,
+        failure=f"torch.compile / {mode}",
+        compile_mode=mode,
     )
 
 

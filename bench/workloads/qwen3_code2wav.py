@@ -38,6 +38,7 @@ windowed recompute). Seeding (``subseed(seed, k) = 16 * seed + k``): weights <-
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,8 @@ class CodeStream:
 
     ``codes`` is moved to the model's device once (as ``generate`` hands the whole talker
     code tensor to ``chunked_decode``); every call passes the model the same strided view
-    the vendor loop passes."""
+    the vendor loop passes. ``decode`` computes one window: the model itself (stock) or a
+    control's per-window call on the same model (vllm-omni's graph wrapper's ``decode``)."""
 
     def __init__(
         self,
@@ -129,8 +131,10 @@ class CodeStream:
         codes: torch.Tensor,
         chunk_size: int = CHUNK_FRAMES,
         left_context_size: int = LEFT_CONTEXT,
+        decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.model = model
+        self.decode = model if decode is None else decode
         self.codes = codes.to(next(model.parameters()).device)
         self.chunk_size = chunk_size
         self.left_context_size = left_context_size
@@ -155,7 +159,7 @@ class CodeStream:
             self.left_context_size if start_index - self.left_context_size > 0 else start_index
         )
         codes_chunk = codes[..., start_index - context_size : end_index]
-        wav_chunk = self.model(codes_chunk)
+        wav_chunk = self.decode(codes_chunk)
         wav = wav_chunk[..., context_size * self.model.total_upsample :]
         self.start_index = end_index
         return wav.float().reshape(-1).cpu().numpy()
