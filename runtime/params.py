@@ -211,6 +211,8 @@ class ValueGraphs:
         self.evictions = 0
         self.captures = 0  # values captured on this lane
         self.capture_s = 0.0
+        self.regrows = 0  # the lane's regions grew for a larger value (lane_growth.py)
+        self.regrow_s = 0.0  # re-allocation and re-capture, the value's capture included
         self.retired: list[tuple[str, dict[str, dict]]] = []  # evicted values' stats
 
     def get(self, key: ParamKey) -> dict[str, Any] | None:
@@ -233,6 +235,14 @@ class ValueGraphs:
             evicted.append(old)
         return evicted
 
+    def retire_all(self) -> None:
+        """Release every value's engines, keeping their stats (the lane grew)."""
+        for key, engines in self.values.items():
+            for engine in engines.values():
+                engine.release()
+            self.retired.append((label(key), {n: e.stats() for n, e in engines.items()}))
+        self.values.clear()
+
     def engine_stats(self) -> dict[str, list[tuple[str, dict]]]:
         """Callable -> (value, stats) of every value captured here, evicted ones too."""
         out: dict[str, list[tuple[str, dict]]] = {}
@@ -251,4 +261,6 @@ class ValueGraphs:
             "captures": self.captures,
             "capture_s": self.capture_s,
             "evictions": self.evictions,
+            "regrows": self.regrows,
+            "regrow_s": self.regrow_s,
         }

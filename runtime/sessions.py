@@ -45,6 +45,7 @@ bound callables should be served on one lane.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import itertools
 import queue
 import threading
@@ -116,7 +117,13 @@ class SessionPool:
         self._lock = threading.Lock()
         self.sessions: dict[int, Session] = {}
         self._turn_starts: dict[Any, _TurnStart] = {}
-        self.counters = {"runs": 0, "lane_wait_s": 0.0, "copied_out_bytes": 0, "opened": 0}
+        self.counters = {
+            "runs": 0,
+            "lane_wait_s": 0.0,
+            "copied_out_bytes": 0,
+            "opened": 0,
+            "layout_fallbacks": 0,  # session copies re-laid at a lane's shape (session_state)
+        }
         self.closed_sessions = 0
         self._shut = False
         if capture and self.device.type == "cuda":
@@ -153,7 +160,9 @@ class SessionPool:
         with b.eager_lock:
             for r in b.decl.regions.values():
                 if r.site is not None and r.install == "allocate":
-                    scratch = Region.allocate(r.spec, self.device)
+                    # at lane 0's shape: the largest value served yet (lane_growth.py grows it)
+                    spec = dataclasses.replace(r.spec, shape=b.lanes[0].shapes[r.name])
+                    scratch = Region.allocate(spec, self.device)
                     b.install_region(r.site, scratch)
                     self.eager_scratch[r.name] = scratch
             b.lanes[0].owns_sites = False
@@ -283,6 +292,7 @@ class SessionPool:
                 "closed": self.closed_sessions,
                 **self.counters,
                 "session_bytes": sum(s.nbytes() for s in open_),
+                "lane_region_bytes": [lane.nbytes() for lane in self.lanes],
                 "turn_starts": len(self._turn_starts),
                 "turn_start_bytes": sum(t.nbytes for t in self._turn_starts.values()),
                 "eager_scratch_bytes": sum(r.nbytes for r in self.eager_scratch.values()),
@@ -334,6 +344,7 @@ class Session(SessionState):
         self.shared: SharedState | None = None
         self._shared_snapshot: list | None = None
         self.params_key: tuple = pool.binding.params_key  # session-parameter values
+        self._relaid: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------- run
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
