@@ -282,7 +282,7 @@ def _params_stats(b: Binding) -> dict | None:
         "captures": sum(s["captures"] for s in lanes),
         "capture_s": sum(s["capture_s"] for s in lanes),
         "evictions": sum(s["evictions"] for s in lanes),
-        # lanes re-laid for a larger value (lane_growth.py), re-capture included
+        # lanes re-laid for a larger value (lane_values.py), re-capture included
         "regrows": sum(s["regrows"] for s in lanes),
         "regrow_s": sum(s["regrow_s"] for s in lanes),
         "lanes": lanes,

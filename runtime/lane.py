@@ -18,7 +18,7 @@ and a lane captures with its own regions put at the sites for the duration.
 
 With session parameters (params.py) a lane's regions are at the largest value it has
 been asked to serve: at bind the bound value and the declared capture values; a
-larger value grows the lane (lane_growth.py: new regions, every engine rebuilt).
+larger value grows the lane (lane_values.py: new regions, every engine rebuilt).
 
 ``Lane.call`` is what the generated wrapper used to do per call: bring every
 aliased argument to the lane's own address (a session's stored state is loaded in
@@ -29,7 +29,6 @@ eager body — under inference mode.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -53,7 +52,7 @@ from .pins import pin_at
 from .regions import LayoutError, Region
 from .replay import ExactShapeReplay
 from .binding import adopt_prefix
-from .lane_growth import grow, merge_retired
+from .lane_values import merge_retired, use_value
 from .sites import format_path, get_at, has_site, replace_at, set_at, update_at
 from .trees import map_tensors
 
@@ -105,7 +104,7 @@ class Lane:
         self._per_value = {k.name for k in binding.decl.callables if depends(binding.decl, k)}
         self.captured = False  # capture() ran: a new value's graphs are captured on use
         # each region's shape here: the largest over the values this lane serves (at bind,
-        # the bound value and the capture set; lane_growth.py grows it)
+        # the bound value and the capture set; lane_values.py grows it)
         served = [self.key, *binding.capture_keys]
         self.shapes = {
             n: widest(*(shape_at(binding.decl, r, k) for k in served))
@@ -306,47 +305,11 @@ class Lane:
 
     # ------------------------------------------------------ session parameters
     def use(self, key: ParamKey, *, capture: bool | None = None, progress: bool = False) -> None:
-        """Put this lane at parameter value ``key``: its carries' retention at that value,
-        and the engines of the callables whose graphs change with it — kept ones, or new
-        ones, captured here when the lane has captured before (``capture`` overrides),
-        evicting the least recently used value past ``hold``. The caller holds the lane
-        (a session's own run, or bind), so no other session's run sees this capture."""
-        if key == self.key or not self.binding.decl.params:
-            return
-        b = self.binding
-        if self.outgrown(key):  # a larger value: new regions, every engine rebuilt
-            grow(
-                self, key, capture=self.captured if capture is None else capture, progress=progress
-            )
-            return
-        engines = self.values.get(key)
-        if engines is None:
-            engines = {
-                n: self._engine(self._callables[n], key)
-                for n in self._per_value
-                if n in self.engines
-            }
-            if capture if capture is not None else self.captured:
-                t0 = time.perf_counter()
-                with b.capturing(self):
-                    self._set_retention(key)
-                    for engine in engines.values():
-                        engine.pool = self.pool
-                        engine.capture_all(progress=progress)
-                self.values.captures += 1
-                self.values.capture_s += time.perf_counter() - t0
-            self.values.put(key, engines)
-        self._set_retention(key)
-        self.engines = {**self._shared, **engines}
-        self.key = key
-
-    def outgrown(self, key: ParamKey) -> bool:
-        """Whether a region at ``key`` is larger, in any dim, than this lane's."""
-        decl = self.binding.decl
-        return any(
-            widest(shape_at(decl, r, key), self.shapes[n]) != self.shapes[n]
-            for n, r in decl.regions.items()
-            if r.shape_shift and n in self.regions
+        """Put this lane at parameter value ``key``, growing it for a larger one
+        (lane_values.py); new graphs captured if the lane has captured (``capture``
+        overrides). The caller holds the lane (a session's run, or bind)."""
+        use_value(
+            self, key, capture=self.captured if capture is None else capture, progress=progress
         )
 
     def _set_retention(self, key: ParamKey) -> None:

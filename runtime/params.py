@@ -211,7 +211,7 @@ class ValueGraphs:
         self.evictions = 0
         self.captures = 0  # values captured on this lane
         self.capture_s = 0.0
-        self.regrows = 0  # the lane's regions grew for a larger value (lane_growth.py)
+        self.regrows = 0  # the lane's regions grew for a larger value (lane_values.py)
         self.regrow_s = 0.0  # re-allocation and re-capture, the value's capture included
         self.retired: list[tuple[str, dict[str, dict]]] = []  # evicted values' stats
 

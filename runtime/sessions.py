@@ -160,7 +160,7 @@ class SessionPool:
         with b.eager_lock:
             for r in b.decl.regions.values():
                 if r.site is not None and r.install == "allocate":
-                    # at lane 0's shape: the largest value served yet (lane_growth.py grows it)
+                    # at lane 0's shape: the largest value served yet (lane_values.py grows it)
                     spec = dataclasses.replace(r.spec, shape=b.lanes[0].shapes[r.name])
                     scratch = Region.allocate(spec, self.device)
                     b.install_region(r.site, scratch)

@@ -1,10 +1,15 @@
-"""A lane grows when a session parameter's value needs larger regions than it has.
+"""A lane at a session parameter's value: switching to it, and growing for it.
 
-Contract of this layer. A lane's regions are at the largest value it has been asked
-to serve (lane.py): at bind the bound value and the declared capture values, so a
-plain binding at the default allocates what the contract at its default needs and
-nothing more. When ``Lane.use`` is asked for a value whose regions are larger in
-some dim, ``grow`` re-lays the lane at the per-dim largest of the two:
+Contract of this layer. ``use_value`` (``Lane.use``) puts a lane at a value: its
+carries' retention at that value and the engines of the callables whose graphs change
+with it — kept ones, or new ones, captured here when the lane has captured before,
+the least recently used value evicted past ``hold`` (params.ValueGraphs).
+
+A lane's regions are at the largest value it has been asked to serve (lane.py): at
+bind the bound value and the declared capture values, so a plain binding at the
+default allocates what the contract at its default needs and nothing more. A value
+whose regions are larger in some dim makes ``grow`` re-lay the lane at the per-dim
+largest of the two:
 
   1. every engine of the lane is released (its graphs alias the old addresses) and its
      counters kept (``ValueGraphs.retire_all`` / the shared ones here);
@@ -39,6 +44,45 @@ if TYPE_CHECKING:
     from .lane import Lane
 
 _CARRY_COUNTERS = ("retains", "adoptions", "restores", "audit_checks", "audit_divergences")
+
+
+def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
+    """``Lane.use`` (module docstring). The caller holds the lane (a session's own run,
+    or bind), so no other session's run sees this capture."""
+    b = lane.binding
+    if key == lane.key or not b.decl.params:
+        return
+    if outgrown(lane, key):  # a larger value: new regions, every engine rebuilt
+        grow(lane, key, capture=capture, progress=progress)
+        return
+    engines = lane.values.get(key)
+    if engines is None:
+        engines = {
+            n: lane._engine(lane._callables[n], key) for n in lane._per_value if n in lane.engines
+        }
+        if capture:
+            t0 = time.perf_counter()
+            with b.capturing(lane):
+                lane._set_retention(key)
+                for engine in engines.values():
+                    engine.pool = lane.pool
+                    engine.capture_all(progress=progress)
+            lane.values.captures += 1
+            lane.values.capture_s += time.perf_counter() - t0
+        lane.values.put(key, engines)
+    lane._set_retention(key)
+    lane.engines = {**lane._shared, **engines}
+    lane.key = key
+
+
+def outgrown(lane: "Lane", key: ParamKey) -> bool:
+    """Whether a region at ``key`` is larger, in any dim, than the lane's."""
+    decl = lane.binding.decl
+    return any(
+        widest(shape_at(decl, r, key), lane.shapes[n]) != lane.shapes[n]
+        for n, r in decl.regions.items()
+        if r.shape_shift and n in lane.regions
+    )
 
 
 def grow(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
