@@ -222,8 +222,9 @@ def cmd_plan(args) -> int:
         if r.analysis is None or r.checked is None:
             ok = False
             continue
-        # with session parameters, regions are allocated at the domain's largest shapes
-        fp = footprint(r.checked, r.params.allocated(r.analysis) if r.params else r.analysis)
+        # with session parameters: what a lane and a session allocate at bind (the default
+        # and the capture values); each folded value's footprint follows
+        fp = footprint(r.checked, r.params.at_bind(r.analysis) if r.params else r.analysis)
         lanes = args.lanes or (sorted(profile.chunks_per_s) if profile else [])
         try:
             preds = [predict(fp, profile, k, args.voices) for k in lanes] if profile else []

@@ -219,8 +219,9 @@ def region_installs(c: ir.Contract) -> dict[str, str]:
 
 def _region_fields(r: ir.Region, a, numbers, install: str, pa) -> dict[str, FieldValue]:
     """RegionTable's fields of one region (runtime/declared.py); None is left out.
-    With session parameters (compiler/params.py) a region is allocated at the domain's
-    largest shape, and its attended extents and retention sizes shift per value."""
+    With session parameters (compiler/params.py) `shape` is the domain's largest shape
+    (the envelope) and `shape_shift` its per-dim terms: the runtime allocates a value's
+    shape from them; attended extents and retention sizes shift per value too."""
     retention = None
     if numbers.retention is not None:
         kind, params = numbers.retention
@@ -239,6 +240,8 @@ def _region_fields(r: ir.Region, a, numbers, install: str, pa) -> dict[str, Fiel
         # (param, coeff) terms; the retention's one term tuple per field, in declared order
         "shift": (pa.extent_shift.get(r.name) or None) if pa is not None else None,
         "retention_shift": (pa.retention_shift.get(r.name) or None) if pa is not None else None,
+        # one term tuple per dim of `shape` (empty where the dim is fixed)
+        "shape_shift": (pa.shape_shift.get(r.name) or None) if pa is not None else None,
     }
     return {k: v for k, v in values.items() if v is not None}
 
@@ -261,7 +264,7 @@ def lower_regions(
     rows = []
     for r, values in zip(ordered, own):
         a = by_name[r.name]
-        demand = pa.bytes_allocated[r.name] if pa is not None else a.demand_bytes
+        demand = pa.bytes_at_bind[r.name] if pa is not None else a.demand_bytes  # a lane at bind
         rows.append(
             RegionRow(
                 name=r.name,

@@ -10,12 +10,15 @@ is linear in each parameter (CLK081), so two ends decide the whole domain:
     extents shifted by `coeff · (value − reference)` (CLK082 otherwise: a width, a
     stride or a staged argument's shape that moves with a parameter);
   * retention sizes shift the same way (a coefficient per retention parameter);
-  * regions are allocated at their largest shape over the domain (per dim, the
-    larger end): one address per lane for every value, each value reading views of
-    it. The difference to what one value needs is the parameter reserve, reported.
+  * region shapes shift the same way, per dim (``shape_shift``): a session's own
+    copy of a region is allocated at its value's shape, a lane's at the largest
+    value it serves (at bind: the default and the capture values; it grows when a
+    larger value comes, runtime/lane.py). ``shapes`` stays the domain's largest
+    shape (the envelope, per dim the larger end): what a lane serving the top
+    allocates, reported beside what one value needs.
 
 The result (`ParamAnalysis`) is what lowering writes into generated code (the
-shifts, the allocated shapes, the domains) and what `clockc check`/`plan` report.
+shifts, the envelope shapes, the domains) and what `clockc check`/`plan` report.
 """
 
 from __future__ import annotations
@@ -41,8 +44,12 @@ class ParamAnalysis:
     point_values: dict[str, dict[str, int]] = field(default_factory=dict)
     extent_shift: dict[str, Terms] = field(default_factory=dict)  # region -> terms
     retention_shift: dict[str, tuple[Terms, ...]] = field(default_factory=dict)
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # allocated (max)
-    bytes_allocated: dict[str, int] = field(default_factory=dict)
+    # region -> per dim, the (param, coeff) terms of its shape (only regions that move)
+    shape_shift: dict[str, tuple[Terms, ...]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the envelope (max)
+    bytes_allocated: dict[str, int] = field(default_factory=dict)  # at the envelope
+    bind_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # a lane at bind
+    bytes_at_bind: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """Per point: catalog width per callable and contract-owned bytes; JSON-ready."""
@@ -55,6 +62,7 @@ class ParamAnalysis:
                 "per_session_bytes": _per_session(a),
             }
         allocated = sum(self.bytes_allocated.values())
+        per_session = self._per_session_regions()
         return {
             "params": [
                 {
@@ -69,28 +77,36 @@ class ParamAnalysis:
                 for p in self.params
             ],
             "points": rows,
+            # a lane at bind: every region at the largest of the default and capture values
+            "lane_at_bind_bytes": sum(self.bytes_at_bind.values()),
+            # a lane that served the top of every domain, and a session at the top
             "allocated_bytes": allocated,
-            "allocated_per_session_bytes": self.per_session_allocated(),
+            "allocated_per_session_bytes": sum(self.bytes_allocated[r] for r in per_session),
             "extent_shift": {r: [list(t) for t in terms] for r, terms in self.extent_shift.items()},
+            "shape_shift": {
+                r: {i: [list(t) for t in terms] for i, terms in enumerate(dims) if terms}
+                for r, dims in self.shape_shift.items()
+            },
         }
 
-    def allocated(self, analysis: Analysis) -> Analysis:
-        """`analysis` with every region at its allocated (largest) shape and bytes."""
+    def at_bind(self, analysis: Analysis) -> Analysis:
+        """`analysis` with every region at the shape a lane allocates at bind (the
+        largest of the default and the capture values), and those bytes."""
         regions = tuple(
             r.model_copy(
-                update={"shape": self.shapes[r.name], "demand_bytes": self.bytes_allocated[r.name]}
+                update={
+                    "shape": self.bind_shapes[r.name],
+                    "demand_bytes": self.bytes_at_bind[r.name],
+                }
             )
             for r in analysis.regions
         )
         demand = sum(r.demand_bytes for r in regions)
         return analysis.model_copy(update={"regions": regions, "demand_bytes": demand})
 
-    def per_session_allocated(self) -> int:
+    def _per_session_regions(self) -> list[str]:
         a = next(iter(self.points.values()))
-        lifetimes = {r.name: r.lifetime for r in a.regions}
-        return sum(
-            n for r, n in self.bytes_allocated.items() if lifetimes[r] in ("turn", "session")
-        )
+        return [r.name for r in a.regions if r.lifetime in ("turn", "session")]
 
 
 def _per_session(a: Analysis) -> int:
@@ -242,19 +258,44 @@ def _shifts(result: ParamAnalysis, contract, checked: Checked, folded) -> None:
 
 
 def _allocation(result: ParamAnalysis, contract, analysis: Analysis, folded) -> None:
-    """Each dim at its largest over the domain: reference + the larger growth at
-    either end of each parameter (the parameters add, being independent)."""
+    """Per region and dim, the shape's terms (linear, so the two ends give them); the
+    envelope, each dim at its largest over the domain (reference + the larger growth at
+    either end of each parameter: they add, being independent); and a lane's shape at
+    bind, each dim at its largest over the default and the capture values."""
+    ref = result.reference
+    at_bind = [ref] + [{**ref, p.name: v} for p in contract.params for v in p.capture]
     for r in analysis.regions:
-        grown = list(r.shape)
+        terms: list[list[tuple[str, int]]] = [[] for _ in r.shape]
         for p in contract.params:
-            growth = [0] * len(r.shape)
-            for end in (p.lo, p.hi):
-                at = next(x for x in folded[f"{p.name}={end}"][1].regions if x.name == r.name)
-                growth = [max(g, d - d0) for g, d, d0 in zip(growth, at.shape, r.shape)]
-            grown = [g + x for g, x in zip(grown, growth)]
+            lo = next(x for x in folded[f"{p.name}={p.lo}"][1].regions if x.name == r.name)
+            hi = next(x for x in folded[f"{p.name}={p.hi}"][1].regions if x.name == r.name)
+            for i, (a, b) in enumerate(zip(lo.shape, hi.shape)):
+                if c := _coefficient(a, b, p):
+                    terms[i].append((p.name, c))
+        if any(terms):
+            result.shape_shift[r.name] = tuple(tuple(t) for t in terms)
+        grown = [
+            d
+            + sum(
+                max(c * (p.lo - ref[p.name]), c * (p.hi - ref[p.name]))
+                for p, c in _params(contract, t)
+            )
+            for d, t in zip(r.shape, terms)
+        ]
+        bind = [
+            max(d + sum(c * (v[n] - ref[n]) for n, c in t) for v in at_bind)
+            for d, t in zip(r.shape, terms)
+        ]
         result.shapes[r.name] = tuple(grown)
+        result.bind_shapes[r.name] = tuple(bind)
         per = r.demand_bytes // math.prod(r.shape) if math.prod(r.shape) else 0
         result.bytes_allocated[r.name] = per * math.prod(grown)
+        result.bytes_at_bind[r.name] = per * math.prod(bind)
+
+
+def _params(contract, terms) -> list[tuple[ir.Param, int]]:
+    by_name = {p.name: p for p in contract.params}
+    return [(by_name[n], c) for n, c in terms]
 
 
 def shifted(extents: tuple[tuple[str, int], ...], result: ParamAnalysis, values: dict) -> tuple:

@@ -113,7 +113,8 @@ def catalog_and_session(a: Analysis, per_session_bytes: int) -> str:
 def params_text(summary: dict, footprints: dict | None = None) -> str:
     """Session parameters: catalog width and bytes per session at each folded value
     (both ends of every domain, its default and its capture values), and what is
-    allocated: regions at the domain's largest shapes, every value a view of them.
+    allocated: a session its own value's regions, a lane the largest value it serves
+    (at bind the default and the capture values; it grows when a larger one comes).
     `footprints`: label -> compiler/plan.Footprint at that value (`clockc plan`)."""
     lines = []
     for p in summary["params"]:
@@ -132,11 +133,18 @@ def params_text(summary: dict, footprints: dict | None = None) -> str:
             text += f", per lane {footprints[label].per_lane_bytes / MIB:.1f} MiB"
         lines.append(text)
     lines.append(
-        f"  allocated at the domain's largest shapes: {summary['allocated_bytes'] / MIB:.1f} MiB "
-        f"per lane, {summary['allocated_per_session_bytes'] / MIB:.1f} MiB per session "
-        "(every value reads views of these; the difference to a value's demand is its reserve)"
+        "  allocated: a session its own value's regions (per session above); a lane "
+        f"{summary['lane_at_bind_bytes'] / MIB:.1f} MiB of regions at bind (the default and "
+        f"the capture values), growing to a larger value's shapes when it serves one: "
+        f"{summary['allocated_bytes'] / MIB:.1f} MiB at the top of the domain "
+        f"({summary['allocated_per_session_bytes'] / MIB:.1f} MiB per session there)"
     )
     for region, terms in summary["extent_shift"].items():
         moved = " + ".join(f"{c}·Δ{p}" for p, c in terms)
         lines.append(f"  {region}: attended extents move by {moved}")
+    for region, dims in summary["shape_shift"].items():
+        moved = "; ".join(
+            f"dim {i} by " + " + ".join(f"{c}·Δ{p}" for p, c in terms) for i, terms in dims.items()
+        )
+        lines.append(f"  {region}: allocated shape moves: {moved}")
     return "\n".join(lines)

@@ -268,7 +268,8 @@ class Binding:
             lines.append(
                 f"  session parameters: graphs of {', '.join(params['per_value'])} per value; "
                 f"held {held}; {params['captures']} value capture(s) in "
-                f"{params['capture_s']:.2f} s, {params['evictions']} eviction(s)"
+                f"{params['capture_s']:.2f} s, {params['evictions']} eviction(s), "
+                f"{params['regrows']} regrow(s) in {params['regrow_s']:.2f} s"
             )
         if self.pool is not None:
             lines.append(self.pool.report())
@@ -289,6 +290,9 @@ def _params_stats(b: Binding) -> dict | None:
         "captures": sum(s["captures"] for s in lanes),
         "capture_s": sum(s["capture_s"] for s in lanes),
         "evictions": sum(s["evictions"] for s in lanes),
+        # lanes re-laid for a larger value (lane_values.py), re-capture included
+        "regrows": sum(s["regrows"] for s in lanes),
+        "regrow_s": sum(s["regrow_s"] for s in lanes),
         "lanes": lanes,
     }
 

@@ -62,6 +62,9 @@ class RegionDecl:
     # retention fields likewise, one term tuple per field in declared order
     shift: tuple[tuple[str, int], ...] = ()
     retention_shift: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # the shape likewise, one term tuple per dim; ``spec.shape`` is the domain's largest
+    # (the envelope): a lane or a session allocates its value's (params.shape_at)
+    shape_shift: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         _normalise(self, site=_steps(self.site))
@@ -193,8 +196,18 @@ class ContractDecl:
 
 # RegionSpec's fields and RegionDecl's, as a RegionTable names them; those absent are None
 _SPEC_FIELDS = ("dtype", "shape", "axis", "lifetime", "mutability")
-_DECL_FIELDS = ("install", "retention", "site", "initial", "shift", "retention_shift")
-_OPTIONAL = frozenset({"axis", "retention", "site", "initial", "shift", "retention_shift"})
+_DECL_FIELDS = (
+    "install",
+    "retention",
+    "site",
+    "initial",
+    "shift",
+    "retention_shift",
+    "shape_shift",
+)
+_OPTIONAL = frozenset(
+    {"axis", "retention", "site", "initial", "shift", "retention_shift", "shape_shift"}
+)
 
 
 class RegionTable(Mapping[str, RegionDecl]):
@@ -203,8 +216,8 @@ class RegionTable(Mapping[str, RegionDecl]):
     ``common`` holds the fields every region shares, ``rows`` each region's own fields
     (name -> fields); a field is one of RegionSpec's (``dtype``, ``shape``, ``axis``,
     ``lifetime``, ``mutability``) or RegionDecl's (``install``, ``retention``, ``site``,
-    ``initial``, ``shift``, ``retention_shift``). ``axis``, ``retention``, ``site``,
-    ``initial`` and the two shifts may be absent (RegionDecl's default); a field given in
+    ``initial``, ``shift``, ``retention_shift``, ``shape_shift``). ``axis``, ``retention``,
+    ``site``, ``initial`` and the three shifts may be absent (RegionDecl's default); a field given in
     both ``common`` and a row is an error, not an override."""
 
     def __init__(self, common: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> None:

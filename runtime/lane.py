@@ -16,6 +16,10 @@ sites, so an eager call (a miss, a callable left eager, a capture) runs inside t
 binding's eager section (``Binding.eager_section``: one lock, the lane's generator),
 and a lane captures with its own regions put at the sites for the duration.
 
+With session parameters (params.py) a lane's regions are at the largest value it has
+been asked to serve: at bind the bound value and the declared capture values; a
+larger value grows the lane (lane_values.py: new regions, every engine rebuilt).
+
 ``Lane.call`` is what the generated wrapper used to do per call: bring every
 aliased argument to the lane's own address (a session's stored state is loaded in
 place, sessions.py; a tensor from outside is adopted), then run the engine — or the
@@ -24,7 +28,7 @@ eager body — under inference mode.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -34,11 +38,21 @@ from .calls import convention_of
 from .carry import CarryRegion
 from .counters import HostCounter
 from .declared import Aliased, CallableDecl
-from .params import ParamKey, ValueGraphs, classes_at, depends, merge_values, retention_at
+from .params import (
+    ParamKey,
+    ValueGraphs,
+    classes_at,
+    depends,
+    merge_values,
+    retention_at,
+    shape_at,
+    widest,
+)
 from .pins import pin_at
-from .regions import Region
+from .regions import LayoutError, Region
 from .replay import ExactShapeReplay
 from .binding import adopt_prefix
+from .lane_values import merge_retired, use_value
 from .sites import format_path, get_at, has_site, replace_at, set_at, update_at
 from .trees import map_tensors
 
@@ -89,23 +103,36 @@ class Lane:
         self._shared: dict[str, ExactShapeReplay] = {}
         self._per_value = {k.name for k in binding.decl.callables if depends(binding.decl, k)}
         self.captured = False  # capture() ran: a new value's graphs are captured on use
+        # each region's shape here: the largest over the values this lane serves (at bind,
+        # the bound value and the capture set; lane_values.py grows it)
+        served = [self.key, *binding.capture_keys]
+        self.shapes = {
+            n: widest(*(shape_at(binding.decl, r, k) for k in served))
+            for n, r in binding.decl.regions.items()
+        }
+        self._retired_shared: dict[str, list[dict]] = {}  # shared engines dropped by a grow
         self._make_regions()
-        for k in binding.decl.callables:
+        self._make_callables()
+
+    def _make_callables(self) -> None:
+        """Every callable's eager body and engine at this lane's value (bind, and again
+        after the lane grew: the bodies hold the regions they write back into)."""
+        self.bodies, self._shared = {}, {}
+        for k in self.binding.decl.callables:
             self._make_callable(k)
-        if binding.decl.params:
+        if self.binding.decl.params:
             self.values.put(
                 self.key, {n: self.engines[n] for n in self._per_value if n in self.engines}
             )
 
     # ------------------------------------------------------------------ build
     def _make_regions(self) -> None:
-        b, model, device = self.binding, self.binding.model, self.binding.device
+        b, model = self.binding, self.binding.model
         for r in b.decl.regions.values():
             if r.install == "declared":
                 continue
             if r.install == "carry":
-                retention = retention_at(b.decl, r, self.key)
-                carry = CarryRegion(r.spec, retention, device, audit=b.audit)  # type: ignore[arg-type]
+                carry = self.new_region(r)
                 if self.owns_sites and r.site is not None and has_site(model, r.site):
                     update_at(model, r.site, carry.adopt)
                 self.regions[r.name] = carry
@@ -119,10 +146,19 @@ class Lane:
                     )
                 self.regions[r.name] = Region(r.spec, get_at(model, r.site))  # type: ignore[arg-type]
             else:
-                region = Region.allocate(r.spec, device)
+                region = self.new_region(r)
                 if self.owns_sites and r.site is not None:
                     b.install_region(r.site, region)
                 self.regions[r.name] = region
+
+    def new_region(self, r: Any) -> Region:
+        """A carry or an allocated region at this lane's shape for it (zeros)."""
+        b = self.binding
+        spec = dataclasses.replace(r.spec, shape=self.shapes[r.name])
+        if r.install == "carry":
+            retention = retention_at(b.decl, r, self.key)
+            return CarryRegion(spec, retention, b.device, audit=b.audit)  # type: ignore[arg-type]
+        return Region.allocate(spec, b.device)
 
     def _pinned_zeros(self, r: Any) -> Region:
         """A pinned region that starts as zeros (`initial zeros`): allocated compact at
@@ -230,7 +266,12 @@ class Lane:
             name = scratch.get(t.untyped_storage().data_ptr()) if t.numel() else None
             if name is None:
                 return t
-            dst = self.regions[name].same_view(t)
+            dst = self.regions[name].moved_view(t, pool.eager_scratch[name].spec.shape)
+            if dst is None:
+                raise LayoutError(
+                    f"region {name}: a stock result views the eager scratch in a way that does "
+                    "not keep the region's strides; lanes of other shapes cannot hold it"
+                )
             dst.copy_(t)
             return dst
 
@@ -264,34 +305,12 @@ class Lane:
 
     # ------------------------------------------------------ session parameters
     def use(self, key: ParamKey, *, capture: bool | None = None, progress: bool = False) -> None:
-        """Put this lane at parameter value ``key``: its carries' retention at that value,
-        and the engines of the callables whose graphs change with it — kept ones, or new
-        ones, captured here when the lane has captured before (``capture`` overrides),
-        evicting the least recently used value past ``hold``. The caller holds the lane
-        (a session's own run, or bind), so no other session's run sees this capture."""
-        if key == self.key or not self.binding.decl.params:
-            return
-        b = self.binding
-        engines = self.values.get(key)
-        if engines is None:
-            engines = {
-                n: self._engine(self._callables[n], key)
-                for n in self._per_value
-                if n in self.engines
-            }
-            if capture if capture is not None else self.captured:
-                t0 = time.perf_counter()
-                with b.capturing(self):
-                    self._set_retention(key)
-                    for engine in engines.values():
-                        engine.pool = self.pool
-                        engine.capture_all(progress=progress)
-                self.values.captures += 1
-                self.values.capture_s += time.perf_counter() - t0
-            self.values.put(key, engines)
-        self._set_retention(key)
-        self.engines = {**self._shared, **engines}
-        self.key = key
+        """Put this lane at parameter value ``key``, growing it for a larger one
+        (lane_values.py); new graphs captured if the lane has captured (``capture``
+        overrides). The caller holds the lane (a session's run, or bind)."""
+        use_value(
+            self, key, capture=self.captured if capture is None else capture, progress=progress
+        )
 
     def _set_retention(self, key: ParamKey) -> None:
         for name, r in self.binding.decl.regions.items():
@@ -304,7 +323,11 @@ class Lane:
             return {n: e.stats() for n, e in self.engines.items()}
         per_value = self.values.engine_stats()
         return {
-            n: (merge_values(per_value[n]) if n in self._per_value else e.stats())
+            n: (
+                merge_values(per_value[n])
+                if n in self._per_value
+                else merge_retired(self._retired_shared.get(n, []), e.stats())
+            )
             for n, e in {
                 **self._shared,
                 **{n: self.engines[n] for n in self._per_value if n in self.engines},

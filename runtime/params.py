@@ -4,13 +4,16 @@ Contract of this layer. A contract may declare values each session binds (`param
 e.g. the voice prompt's length); clockc checked that every value in the domain has
 the same catalog, each region's attended extents shifted by `Σ coeff · (value −
 default)` (``RegionDecl.shift``), and retention sizes likewise
-(``RegionDecl.retention_shift``), and sized the regions at the domain's largest
-shapes, so every value reads views of the same allocation. Here:
+(``RegionDecl.retention_shift``), and region shapes per dim likewise
+(``RegionDecl.shape_shift``; ``spec.shape`` is the domain's largest). Here:
 
   * ``resolve`` turns what a caller passes (``{"f_prompt": 200}``, or nothing) into a
     ``ParamKey`` — every parameter, defaults filled — or raises ``ParamError`` for an
     unknown name or a value outside its domain (an error at bind or open, never a
     silent eager fallback);
+  * ``shape_at`` gives a region's shape at a value (what a session's copy of it is
+    allocated at) and ``widest`` the per-dim largest over values (a lane's regions:
+    every value it serves reads views of them, lane.py);
   * ``classes_at``/``retention_at`` give one value's catalog and retention from the
     declared (default) ones, and ``depends`` says which callables' graphs change with
     the value at all (a vocoder that reads no shifted region keeps one set);
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .classes import CaptureClass, RegionView
+from .regions import RegionSpec
 
 ParamKey = tuple[tuple[str, int], ...]  # (name, value) for every parameter, sorted
 
@@ -155,6 +159,33 @@ def retention_at(decl: Any, region: Any, key: ParamKey) -> Any:
     return dataclasses.replace(region.retention, **update)
 
 
+def shape_at(decl: Any, region: Any, key: ParamKey) -> tuple[int, ...]:
+    """``region``'s shape at ``key``. ``spec.shape`` is the domain's largest, each dim
+    the reference plus the larger growth at either end of each parameter (clockc,
+    compiler/params.py), so the reference shape is that less the growth."""
+    top = region.spec.shape
+    if not region.shape_shift:
+        return top
+    by_name = {p.name: p for p in decl.params}
+    out = []
+    for d, terms in zip(top, region.shape_shift):
+        growth = sum(
+            max(c * (by_name[n].lo - by_name[n].default), c * (by_name[n].hi - by_name[n].default))
+            for n, c in terms
+        )
+        out.append(d - growth + _delta(terms, key, decl.params))
+    return tuple(out)
+
+
+def spec_at(decl: Any, region: Any, key: ParamKey) -> RegionSpec:
+    return dataclasses.replace(region.spec, shape=shape_at(decl, region, key))
+
+
+def widest(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """Per dim, the largest of ``shapes`` (one region's, at several values)."""
+    return tuple(max(d) for d in zip(*shapes))
+
+
 def label(key: ParamKey) -> str:
     return ",".join(f"{n}={v}" for n, v in key) or "-"
 
@@ -180,6 +211,8 @@ class ValueGraphs:
         self.evictions = 0
         self.captures = 0  # values captured on this lane
         self.capture_s = 0.0
+        self.regrows = 0  # the lane's regions grew for a larger value (lane_values.py)
+        self.regrow_s = 0.0  # re-allocation and re-capture, the value's capture included
         self.retired: list[tuple[str, dict[str, dict]]] = []  # evicted values' stats
 
     def get(self, key: ParamKey) -> dict[str, Any] | None:
@@ -202,6 +235,14 @@ class ValueGraphs:
             evicted.append(old)
         return evicted
 
+    def retire_all(self) -> None:
+        """Release every value's engines, keeping their stats (the lane grew)."""
+        for key, engines in self.values.items():
+            for engine in engines.values():
+                engine.release()
+            self.retired.append((label(key), {n: e.stats() for n, e in engines.items()}))
+        self.values.clear()
+
     def engine_stats(self) -> dict[str, list[tuple[str, dict]]]:
         """Callable -> (value, stats) of every value captured here, evicted ones too."""
         out: dict[str, list[tuple[str, dict]]] = {}
@@ -220,4 +261,6 @@ class ValueGraphs:
             "captures": self.captures,
             "capture_s": self.capture_s,
             "evictions": self.evictions,
+            "regrows": self.regrows,
+            "regrow_s": self.regrow_s,
         }

@@ -16,6 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .layouts import moved_view
+
+
+class LayoutError(ValueError):
+    """A view of one allocation of a region that another allocation cannot hold."""
+
+
 LIFETIMES = frozenset({"operator", "chunk", "unit", "turn", "session", "process"})
 MUTABILITIES = frozenset({"immutable", "mutable", "copy-on-write"})
 
@@ -131,11 +138,25 @@ class Region:
         this region's, e.g. a session's copy of it)."""
         return self.tensor.as_strided(t.shape, t.stride(), t.storage_offset())
 
-    def load(self, t: torch.Tensor, host_state: tuple | None) -> torch.Tensor:
-        """Copy ``t`` (a view of another storage laid out like this region) into the
-        same place here, take its host state (a carry's live length), return the view.
-        This is how a session's state enters a lane (sessions.py)."""
-        view = self.same_view(t)
+    def moved_view(self, t: torch.Tensor, layout: tuple[int, ...]) -> torch.Tensor | None:
+        """This region's view of the elements ``t`` views in an allocation of this region
+        at shape ``layout`` (a session's copy, another lane's: layouts.py), or None."""
+        return moved_view(t, layout, self.tensor)
+
+    def load(
+        self, t: torch.Tensor, host_state: tuple | None, layout: tuple[int, ...] | None = None
+    ) -> torch.Tensor:
+        """Copy ``t`` (a view of another allocation of this region, at shape ``layout``;
+        default: this region's) into the same place here, take its host state (a carry's
+        live length), return the view. This is how a session's state enters a lane
+        (sessions.py)."""
+        view = self.moved_view(t, layout or self.spec.shape)
+        if view is None:
+            raise LayoutError(
+                f"region {self.name}: a view {tuple(t.shape)} stride {t.stride()} of its "
+                f"{layout} allocation has no image in this {self.spec.shape} one (it does not "
+                "keep the region's strides): serve such a contract on lanes of one shape"
+            )
         view.copy_(t, non_blocking=True)  # from pinned host memory too: ordered on the stream
         if host_state is not None:
             self._set_host_state(host_state)

@@ -467,13 +467,14 @@ class ExactShapeReplay:
         self.invalidation_log.append(message)
 
     def release(self) -> None:
-        """Drop every graph and static buffer (its parameter value was evicted from the
-        lane, params.py): the engine is never called again; its counters stay."""
+        """Drop graphs, static buffers and regions (its value was evicted or its lane grew):
+        never called again, counters kept, a later engine's ``like`` holds no lane memory."""
         for e in self._entries:
             if e.status == "captured":
                 e.status = "released"
             e.captured = e.plan = None
             e.inputs, e.staged = (), []
+        self.regions, self.write_through = {}, {}
 
     def _invalidate(self, sig: tuple, wname: str, was: tuple, now: tuple) -> None:
         """Drop every captured class of ``sig``: they all wrote through the moved buffer."""

@@ -45,6 +45,7 @@ bound callables should be served on one lane.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import itertools
 import queue
 import threading
@@ -58,16 +59,13 @@ import torch
 from .backend import capture_stream, drawing_from, generator_state
 from .params import resolve
 from .regions import Region
-from .trees import SharedState, map_tensors
+from .session_state import SessionError, SessionState, _TurnStart
+from .trees import SharedState
 from .undeclared import watching_undeclared_writes
 
 
 class SessionRequired(RuntimeError):
     """A bound callable was called outside every session of a pooled binding."""
-
-
-class SessionError(RuntimeError):
-    """A session was used wrongly (closed, or run twice at once)."""
 
 
 class SessionBusy(SessionError):
@@ -92,18 +90,6 @@ _CURRENT: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
 
 def current_run() -> _Run | None:
     return _CURRENT.get()
-
-
-@dataclass
-class _TurnStart:
-    """The state a turn starts from: cloned state attributes and carry host states.
-    Tensor leaves that were a per-session region are tagged with its name, so a
-    restore writes them into the restoring session's own copy of that region."""
-
-    trees: dict[str, Any]
-    tags: dict[int, str]  # id(cloned leaf) -> region name
-    host_state: dict[str, tuple]
-    nbytes: int
 
 
 class SessionPool:
@@ -131,7 +117,13 @@ class SessionPool:
         self._lock = threading.Lock()
         self.sessions: dict[int, Session] = {}
         self._turn_starts: dict[Any, _TurnStart] = {}
-        self.counters = {"runs": 0, "lane_wait_s": 0.0, "copied_out_bytes": 0, "opened": 0}
+        self.counters = {
+            "runs": 0,
+            "lane_wait_s": 0.0,
+            "copied_out_bytes": 0,
+            "opened": 0,
+            "layout_fallbacks": 0,  # session copies re-laid at a lane's shape (session_state)
+        }
         self.closed_sessions = 0
         self._shut = False
         if capture and self.device.type == "cuda":
@@ -168,7 +160,9 @@ class SessionPool:
         with b.eager_lock:
             for r in b.decl.regions.values():
                 if r.site is not None and r.install == "allocate":
-                    scratch = Region.allocate(r.spec, self.device)
+                    # at lane 0's shape: the largest value served yet (lane_values.py grows it)
+                    spec = dataclasses.replace(r.spec, shape=b.lanes[0].shapes[r.name])
+                    scratch = Region.allocate(spec, self.device)
                     b.install_region(r.site, scratch)
                     self.eager_scratch[r.name] = scratch
             b.lanes[0].owns_sites = False
@@ -298,6 +292,7 @@ class SessionPool:
                 "closed": self.closed_sessions,
                 **self.counters,
                 "session_bytes": sum(s.nbytes() for s in open_),
+                "lane_region_bytes": [lane.nbytes() for lane in self.lanes],
                 "turn_starts": len(self._turn_starts),
                 "turn_start_bytes": sum(t.nbytes for t in self._turn_starts.values()),
                 "eager_scratch_bytes": sum(r.nbytes for r in self.eager_scratch.values()),
@@ -322,7 +317,7 @@ class SessionPool:
         return "\n".join(lines)
 
 
-class Session:
+class Session(SessionState):
     def __init__(
         self,
         pool: SessionPool,
@@ -349,6 +344,7 @@ class Session:
         self.shared: SharedState | None = None
         self._shared_snapshot: list | None = None
         self.params_key: tuple = pool.binding.params_key  # session-parameter values
+        self._relaid: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------- run
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -423,133 +419,6 @@ class Session:
                 yield
         finally:
             self.rng_state = lane.rng.get_state()
-
-    # -------------------------------------------------------- state movement
-    def load_into(self, region_name: str, lane_region: Region, t: torch.Tensor) -> Any:
-        """Lane.call: if ``t`` is this session's stored copy of ``region_name``, load it
-        into the lane's region in place and return the lane's view; else None."""
-        mine = self.storage.get(region_name)
-        if mine is None or t.untyped_storage().data_ptr() != mine.storage_ptr():
-            return None
-        return lane_region.load(t, self.host_state.get(region_name))
-
-    def _storage(self, region_name: str) -> Region:
-        r = self.storage.get(region_name)
-        if r is None:
-            spec = self.pool.binding.decl.regions[region_name].spec
-            device = self.pool.state_device
-            pinned = device.type == "cpu" and self.pool.device.type == "cuda"
-            tensor = torch.zeros(spec.shape, dtype=spec.dtype, device=device, pin_memory=pinned)
-            r = self.storage[region_name] = Region(spec, tensor)
-        return r
-
-    def _take_back(self) -> int:
-        """Every tensor of the state attributes that lives in lane memory moves to the
-        session: a per-session region into the session's copy (same layout), scratch
-        into a clone. Returns the bytes copied."""
-        if self.obj is None:
-            return 0
-        where = self.pool._storage_of
-        regions = self.pool.binding.decl.regions
-        copied = 0
-
-        def take(t: torch.Tensor) -> torch.Tensor:
-            nonlocal copied
-            hit = where.get(t.untyped_storage().data_ptr()) if t.numel() else None
-            if hit is None:
-                return t
-            lane, name = hit
-            copied += t.numel() * t.element_size()
-            if regions[name].per_session:
-                dst = self._storage(name).same_view(t)
-                dst.copy_(t, non_blocking=True)  # complete when the step's stream syncs
-                if lane is not None and name in lane.regions:
-                    self.host_state[name] = lane.regions[name]._host_state()
-                return dst
-            return t.clone()
-
-        for attr in self.state:
-            if hasattr(self.obj, attr):
-                setattr(self.obj, attr, map_tensors(getattr(self.obj, attr), take))
-        return copied
-
-    def _record_streams(self, lane: Any) -> None:
-        """Tensors the session keeps were made on other lanes' streams: tell the
-        allocator this lane uses them too, so a free during this step is not reused
-        by another stream before this lane's work on it is done."""
-        if lane.stream is None or self.obj is None:
-            return
-
-        def mark(t: torch.Tensor) -> torch.Tensor:
-            if t.is_cuda:
-                t.record_stream(lane.stream)
-            return t
-
-        for attr in self.state:
-            if hasattr(self.obj, attr):
-                map_tensors(getattr(self.obj, attr), mark)
-
-    # ----------------------------------------------------------------- turns
-    def mark_turn_start(self, key: Any = None) -> None:
-        """Keep the session's current state as the state its turns start from (under
-        ``key``: shared by every session opened with that key; first one wins)."""
-        if self.obj is None:
-            raise SessionError(f"{self.name} has no state attributes to keep")
-        key = key if key is not None else self.turn_key
-        if key is not None and key in self.pool._turn_starts:
-            self._turn_start = self.pool._turn_starts[key]
-            self.turn_key = key
-            return
-        tags: dict[int, str] = {}
-        nbytes = 0
-
-        def keep(t: torch.Tensor) -> torch.Tensor:
-            nonlocal nbytes
-            c = t.clone()
-            nbytes += c.numel() * c.element_size()
-            for name, r in self.storage.items():
-                if t.numel() and t.untyped_storage().data_ptr() == r.storage_ptr():
-                    # keep the region's layout: a restore writes the same view
-                    c = r.tensor.clone().as_strided(t.shape, t.stride(), t.storage_offset())
-                    tags[id(c)] = name
-            return c
-
-        trees = {
-            a: map_tensors(getattr(self.obj, a), keep, copy=True)
-            for a in self.state
-            if hasattr(self.obj, a)
-        }
-        snap = _TurnStart(trees, tags, dict(self.host_state), nbytes)
-        self._turn_start = snap
-        if key is not None:
-            self.turn_key = key
-            with self.pool._lock:
-                self.pool._turn_starts.setdefault(key, snap)
-
-    def reset(self) -> None:
-        """Start a new turn: the turn-start state is restored at the next ``run``."""
-        if self.closed:
-            raise SessionError(f"{self.name} is closed")
-        if self._turn_start is None and not self.pool.has_turn_start(self.turn_key):
-            raise SessionError(f"{self.name} has no turn start: call mark_turn_start() first")
-        self._pending_reset = True
-
-    def _restore_turn_start(self) -> None:
-        snap = self._turn_start or self.pool._turn_starts[self.turn_key]
-        self._turn_start = snap
-
-        def put(c: torch.Tensor) -> torch.Tensor:
-            name = snap.tags.get(id(c))
-            if name is None:
-                return c.clone()
-            dst = self._storage(name).same_view(c)
-            dst.copy_(c)
-            return dst
-
-        for attr, tree in snap.trees.items():
-            setattr(self.obj, attr, map_tensors(tree, put, copy=True))
-        self.host_state = dict(snap.host_state)
-        self._pending_reset = False
 
     # ----------------------------------------------------------------- close
     def close(self) -> None:

@@ -79,6 +79,25 @@ def test_catalog_and_bytes_are_functions_of_the_value():
     summary = pa.summary()
     assert summary["allocated_per_session_bytes"] == 15 * 8 * 4
     assert summary["points"]["f_prompt=2"]["per_session_bytes"] == 9 * 8 * 4
+    # the shape as a function of the value: the frame dim moves one for one
+    assert pa.shape_shift == {
+        "carry": ((("f_prompt", 1),), ()),
+        "scratch": ((("f_prompt", 1),), ()),
+    }
+    # a lane at bind: the largest of the default (4) and the capture values (3, 6)
+    assert pa.bind_shapes == {"carry": (13, 8), "scratch": (16, 8)}
+    assert summary["lane_at_bind_bytes"] == (13 + 16) * 8 * 4
+    assert summary["shape_shift"]["carry"] == {0: [["f_prompt", 1]]}
+
+
+def test_a_lane_at_bind_without_a_capture_set_is_the_default_fold():
+    """What a plain binding allocates is the default value's demand, byte for byte
+    (what the contract allocated before it had parameters)."""
+    r = check_source(contract(params="param f_prompt in 2..8 frame default 4"), "x.clock")
+    assert r.ok, r.diagnostics
+    at_default = r.params.points["f_prompt=4"]
+    assert r.params.bind_shapes == {x.name: x.shape for x in at_default.regions}
+    assert r.params.at_bind(r.analysis).demand_bytes == at_default.demand_bytes
 
 
 def test_generated_code_declares_the_domain_and_shifts():
@@ -87,6 +106,7 @@ def test_generated_code_declares_the_domain_and_shifts():
     code = r.files["contract.py"]
     assert "ParamDecl(" in code and "lo=2, hi=8, default=4, capture=(3, 6), hold=2" in code
     assert '"shift": (("f_prompt", 1),)' in code  # a RegionTable field
+    assert '"shape_shift": ((("f_prompt", 1),), ())' in code  # per dim: the frame dim moves
     assert "(15, 8)" in code  # the carry at the domain's largest shape
     assert 'RegionView("carry", 4)' in code  # the catalog at the default
 

@@ -15,6 +15,8 @@ import copy
 import pytest
 import torch
 
+from duplexcadence.runtime.layouts import moved_view
+from duplexcadence.runtime.params import resolve, shape_at
 from duplexcadence.runtime import (
     Aliased,
     CallableDecl,
@@ -83,11 +85,13 @@ def decl(capture=(DEFAULT,), hold=2) -> ContractDecl:
                 site=(("attr", "state"), ("key", "cache")),
                 shift=(("p", 1),),
                 retention_shift=((("p", 1),), ()),
+                shape_shift=((("p", 1),), ()),  # the shape above is the domain's largest
             ),
             "scratch": RegionDecl(
                 RegionSpec("scratch", torch.float32, (HI + R + C, D), None, "operator", "mutable"),
                 install="allocate",
                 site=(("attr", "net"), ("attr", "scratch")),
+                shape_shift=((("p", 1),), ()),
             ),
         },
         callables=(
@@ -181,11 +185,18 @@ def test_sessions_of_different_values_interleave_exactly_with_bounded_graphs(lan
     assert st["hits"] == 6 * len(values)
     params = binding.stats()["params"]
     # three values besides the default, two held per lane: captured on first use and
-    # evicted again as the values rotate through each lane
+    # evicted again as the values rotate through each lane, or dropped when a lane grew
+    # for a larger value (6, then 8: at most twice per lane)
     assert params["captures"] >= 3
-    assert params["evictions"] > 0
+    assert 1 <= params["regrows"] <= 2 * lanes
+    assert params["evictions"] + params["regrows"] > 0
     assert all(len(lane["held"]) <= 2 for lane in params["lanes"])
-    assert "eviction" in binding.report()
+    assert "eviction" in binding.report() and "regrow" in binding.report()
+    # a lane ends at the largest value it served (carry p + 7 frames, scratch + 3); the
+    # one that served p=8 at the domain's top
+    served = {(2 * (p + R) + C) * D * 4 for p in (DEFAULT, 6, HI)}
+    lane_bytes = binding.stats()["sessions"]["lane_region_bytes"]
+    assert set(lane_bytes) <= served and max(lane_bytes) == (2 * (HI + R) + C) * D * 4
     binding.unbind()
 
 
@@ -210,9 +221,101 @@ def test_the_declared_capture_set_is_captured_at_bind():
     binding.unbind()
 
 
+def region_bytes(binding) -> int:
+    return sum(r.nbytes for r in binding.regions.values())
+
+
+def test_a_plain_binding_at_the_default_allocates_what_the_default_needs():
+    """Not the domain's top: the carry at 4 + 7 frames, the scratch 3 more (what the
+    contract allocated before it had parameters); Token2Wav's from its contract."""
+    s = Stream(Net(), 2, DEFAULT)
+    binding = bind_contract(s, decl(), device="cpu", backend=FakeGraphBackend(), progress=False)
+    assert binding.regions["carry"].tensor.shape == (DEFAULT + R, D)
+    assert region_bytes(binding) == (2 * (DEFAULT + R) + C) * D * 4
+    binding.unbind()
+    from generated.stepaudio2_token2wav.contract import DECLARED as t2w
+
+    key = resolve(t2w.params, None)
+    at = {n: shape_at(t2w, r, key) for n, r in t2w.regions.items()}
+    assert at["estimator_carry"] == (10, 16, 2, 8, 302 + 100, 128)
+    assert at["solver_workspace"] == (10, 16, 2, 8, 402 + 56, 128)
+    assert at["conformer_carry"] == (10, 1, 8, 402, 128)
+    top = resolve(t2w.params, {"f_prompt": 600})
+    assert {n: shape_at(t2w, r, top) for n, r in t2w.regions.items()} == {
+        n: r.spec.shape for n, r in t2w.regions.items()
+    }
+
+
+def test_a_plain_binding_grows_for_a_larger_value_and_keeps_its_state():
+    """Three chunks at the default, the lane grown for p=8 (regions re-laid, graphs
+    captured again), back at the default: the stream goes on as stock, every call
+    replayed, the carry's live frames carried over and the site moved along."""
+    s = Stream(Net(), 4, DEFAULT)
+    binding = bind_contract(s, decl(), device="cpu", backend=FakeGraphBackend(), progress=False)
+    binding.capture(progress=False)
+    got = [s.chunk(x_of(4, i)) for i in range(3)]
+    binding.use({"p": HI})
+    assert binding.stats()["params"]["regrows"] == 1
+    assert binding.regions["carry"].tensor.shape == (HI + R, D)
+    assert region_bytes(binding) == (2 * (HI + R) + C) * D * 4
+    assert s.net.scratch is binding.regions["scratch"].tensor  # re-installed at its site
+    binding.use({"p": DEFAULT})  # smaller: views of the grown lane, no regrow
+    got += [s.chunk(x_of(4, i)) for i in range(3, 7)]
+    assert all(torch.equal(a, b) for a, b in zip(got, solo_stock(4, DEFAULT, 7)))
+    st = step_stats(binding)
+    assert st["hits"] == 7 and st["eager_calls"] == 0, st["misses"]
+    assert binding.stats()["params"]["regrows"] == 1
+    binding.unbind()
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_sessions_storage_is_its_own_values_shape(lanes):
+    base = Stream(Net(), 50, DEFAULT)
+    binding = bind_contract(base, decl(), device="cpu", backend=FakeGraphBackend(), progress=False)
+    binding.capture(progress=False)
+    pool = binding.sessions(lanes=lanes, progress=False)
+    sessions = {}
+    for seed, frames in {51: LO, 52: HI, 53: DEFAULT}.items():
+        obj = copy.copy(base)
+        own = Stream(base.net, seed, frames)
+        obj.prompt, obj.state = own.prompt, own.state
+        sessions[seed] = (frames, pool.open(obj, seed=seed, params={"p": frames}))
+    got = {seed: [] for seed in sessions}
+    for i in range(4):
+        for seed, (_, s) in sessions.items():
+            got[seed].append(s.run(s.obj.chunk, x_of(seed, i)))
+    for seed, (frames, s) in sessions.items():
+        assert s.nbytes() == (frames + R) * D * 4  # the carry at its value, not the top
+        assert s.storage["carry"].tensor.shape == (frames + R, D)
+        assert all(torch.equal(a, b) for a, b in zip(got[seed], solo_stock(seed, frames, 4)))
+    st = step_stats(binding)
+    assert st["eager_calls"] == 0 and st["hits"] == 12, st["misses"]
+    stats = pool.stats()
+    assert stats["session_bytes"] == sum((f + R) * D * 4 for f, _ in sessions.values())
+    assert stats["layout_fallbacks"] == 0
+    binding.unbind()
+
+
+def test_views_move_between_layouts_when_they_keep_the_regions_strides():
+    lane = torch.arange(15 * 4.0).reshape(15, 4)  # a lane's region at the top
+    mine = torch.zeros(9, 4)  # a session's copy at a smaller value
+    view = lane[:6]  # the carry's live view: a narrow along the clock axis
+    moved = moved_view(view, (15, 4), mine)
+    assert moved is not None and moved.data_ptr() == mine.data_ptr()
+    moved.copy_(view)
+    assert torch.equal(mine[:6], lane[:6])
+    inner = lane[2:5, 1:3]  # a narrow along both dims
+    back = moved_view(inner, (15, 4), mine)
+    assert back is not None and back.storage_offset() == 2 * 4 + 1
+    assert moved_view(lane[:12], (15, 4), mine) is None  # does not fit the smaller copy
+    assert moved_view(lane[:6].t(), (15, 4), mine) is None  # other strides: no image
+    assert moved_view(lane.view(-1)[:8], (15, 4), mine) is None
+
+
 @pytest.mark.cuda
 def test_cuda_sessions_of_different_values_replay_real_graphs_exactly():
-    """The same on CUDA graphs: two lanes, values captured on first use on each lane."""
+    """The same on CUDA graphs: two lanes, values captured on first use on each lane,
+    the lanes grown (regions re-laid, graphs re-captured) for the larger values."""
     dev = torch.device("cuda")
     base = Stream(Net(dev), 99, DEFAULT)
     binding = bind_contract(base, decl(hold=2), device=dev, progress=False)
@@ -235,4 +338,6 @@ def test_cuda_sessions_of_different_values_replay_real_graphs_exactly():
     st = step_stats(binding)
     assert st["eager_calls"] == 0 and st["hits"] == 18, st["misses"]
     assert binding.stats()["params"]["captures"] >= 3
+    # the lanes were bound at the default: 6 and 8 grew them (graphs re-captured on CUDA)
+    assert binding.stats()["params"]["regrows"] >= 1
     binding.unbind()

@@ -93,6 +93,9 @@ def test_any_prompt_is_exact_and_admitted_on_every_chunk(frames):
     (binding,) = held
     carry = binding.regions["estimator_carry"]
     assert carry.retention.head == frames and carry.retention.tail == 100
+    # allocated at the bound value, not the domain's top (600 + 100)
+    assert carry.tensor.shape[4] == frames + 100
+    assert binding.regions["solver_workspace"].tensor.shape[4] == frames + 100 + 56
     flow = _admission(binding, "flow_chunk")
     vocoder = _admission(binding, "vocoder")
     lengths: list = []

@@ -38,7 +38,7 @@ DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 REGIONS = RegionTable(
     common={"dtype": torch.float32, "mutability": "mutable"},
     rows={
-        # conformer_carry: 27.34 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
+        # conformer_carry: 15.70 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
         "conformer_carry": {
             "shape": (10, 1, 8, 700, 128),
             "axis": 3,
@@ -48,6 +48,7 @@ REGIONS = RegionTable(
             "site": 'stream_cache["conformer_att_cache"]',
             "shift": (("f_prompt", 1),),
             "retention_shift": ((("f_prompt", 1),), ()),
+            "shape_shift": ((), (), (), (("f_prompt", 1),), ()),
         },
         # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
         "dit_cnn": {
@@ -56,15 +57,16 @@ REGIONS = RegionTable(
             "install": "allocate",
             "site": "flow.decoder.estimator.cnn_cache_buffer",
         },
-        # dit_workspace: 94.50 MiB (stock 125.00 MiB, rho 2.183)
+        # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
         "dit_workspace": {
             "shape": (16, 2, 8, 756, 128),
             "axis": 3,
             "lifetime": "operator",
             "install": "allocate",
             "site": "flow.decoder.estimator.att_cache_buffer",
+            "shape_shift": ((), (), (), (("f_prompt", 1),), ()),
         },
-        # estimator_carry: 875.00 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
+        # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
         "estimator_carry": {
             "shape": (10, 16, 2, 8, 700, 128),
             "axis": 4,
@@ -74,6 +76,7 @@ REGIONS = RegionTable(
             "site": 'stream_cache["estimator_att_cache"]',
             "shift": (("f_prompt", 1),),
             "retention_shift": ((("f_prompt", 1),), ()),
+            "shape_shift": ((), (), (), (), (("f_prompt", 1),), ()),
         },
         # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
         "estimator_cnn": {
@@ -84,13 +87,14 @@ REGIONS = RegionTable(
         },
         # hift_mel_cache: 0.00 MiB
         "hift_mel_cache": {"shape": (1, 80, 8), "lifetime": "turn", "install": "declared"},
-        # solver_workspace: 945.00 MiB (stock 2000.00 MiB, rho 3.493)
+        # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
         "solver_workspace": {
             "shape": (10, 16, 2, 8, 756, 128),
             "axis": 4,
             "lifetime": "operator",
             "install": "allocate",
             "site": "flow.decoder.att_cache_buffer",
+            "shape_shift": ((), (), (), (), (("f_prompt", 1),), ()),
         },
     },
 )

@@ -35,7 +35,12 @@ DETERMINISM = {"cudnn.deterministic": True}
 # provides each (carry | allocate | stock | pinned | declared) and where: the fields
 # every region shares, then each region's own.
 REGIONS = RegionTable(
-    common={"dtype": torch.float32, "axis": 1, "mutability": "mutable"},
+    common={
+        "dtype": torch.float32,
+        "axis": 1,
+        "mutability": "mutable",
+        "shape_shift": ((), (("f_head", 1),), ()),
+    },
     rows={
         # kv: 0.00 MiB (stock 0.01 MiB, rho 4.571); attended [6, 10, 14]
         "kv": {
