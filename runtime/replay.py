@@ -43,7 +43,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -109,6 +109,7 @@ class ExactShapeReplay:
         classes: list[CaptureClass],
         regions: Mapping[str, Region],
         write_through: Mapping[str, Callable[[], torch.Tensor]] | None = None,
+        read_write_through: Callable[[], Sequence[torch.Tensor]] | None = None,
         declared_effect: Effect = Effect.NONE,
         device: torch.device | str,
         warmup: int = 2,
@@ -126,6 +127,11 @@ class ExactShapeReplay:
         self.classes = list(classes)
         self.regions = dict(regions)
         self.write_through = dict(write_through or {})
+        # every write-through tensor at once, in ``write_through`` order, for the check
+        # on every call (a lane reads its sites through one compiled SiteReads); by
+        # default each getter in turn
+        getters = tuple(self.write_through.values())
+        self._read_write_through = read_write_through or (lambda: [g() for g in getters])
         self.declared_effect = declared_effect
         self.device = torch.device(device)
         self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
@@ -167,7 +173,7 @@ class ExactShapeReplay:
         self._dispatch = CatalogDispatch({})
         # signature -> the entries that share it (they differ by aliased pointers only)
         self._groups: dict[tuple, list[int]] = {}
-        self._wt: list[tuple[str, Callable[[], torch.Tensor], tuple]] = []
+        self._wt: list[tuple[str, tuple]] = []  # (name, buffer key at capture)
 
     # ================================================================ capture
     def capture_all(self, progress: bool = True) -> "ExactShapeReplay":
@@ -187,7 +193,7 @@ class ExactShapeReplay:
             return self
         if self.pool is None:
             self.pool = self.backend.new_pool(self.device)
-        self._wt = [(n, g, _buffer_key(g())) for n, g in self.write_through.items()]
+        self._wt = [(n, _buffer_key(g())) for n, g in self.write_through.items()]
         snap = self._snapshot()
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators
@@ -380,8 +386,8 @@ class ExactShapeReplay:
                 hit.reason, args, kwargs, lambda: describe_mismatch(self._dispatch.keys(), sig)
             )
         group = self._groups[hit]  # type: ignore[index]
-        for wname, getter, key in self._wt:
-            now = _buffer_key(getter())
+        for (wname, key), live in zip(self._wt, self._read_write_through(), strict=True):
+            now = _buffer_key(live)
             if now != key:
                 self._invalidate(hit, wname, key, now)  # type: ignore[arg-type]
                 return self._eager(R.WRITE_THROUGH_POINTER, args, kwargs)
