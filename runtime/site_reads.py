@@ -26,12 +26,10 @@ stride and dtype with the captured ones).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import operator
+from typing import Any, Callable, Mapping
 
 from .sites import Step, get_at
-
-_ATTR, _ITEM, _IDENTITY = 0, 1, 2
-_LEAF = object()  # the value at a site: read, not compared
 
 
 class SiteReads:
@@ -39,38 +37,34 @@ class SiteReads:
         self.root = root
         self.names = tuple(sites)
         self.sites = tuple(sites.values())
-        # one instruction per distinct step: (parent node, op, name/key or module
-        # node, the object recorded there or _LEAF); node 0 is the root
-        self._program: list[tuple[int, int, Any, Any]] | None = None
-        self._leaves: tuple[int, ...] = ()
+        # the objects the paths pass through, parents first: (parent node, the lookup
+        # its step resolved to, the object recorded there); node 0 is the root. Then one
+        # (parent node, lookup) per site: its value. An identity step's lookup is by the
+        # id of the recorded module, which its own node verifies first.
+        self._inner: list[tuple[int, Callable[[Any], Any], Any]] | None = None
+        self._leaves: list[tuple[int, Callable[[Any], Any]]] = []
         self.checks = 0  # full get_at resolutions: the first read and every change
 
     def read(self) -> list[Any]:
         """The value at every site, in ``sites`` order."""
-        program = self._program
-        if program is None:
+        inner = self._inner
+        if inner is None:
             return self._check()
         objs = [self.root]
         try:
-            for parent, op, arg, recorded in program:
-                cur = objs[parent]
-                if op == _ATTR:
-                    value = getattr(cur, arg)
-                elif op == _ITEM:
-                    value = cur[arg]
-                else:
-                    value = cur[id(objs[arg])]
-                if value is not recorded and recorded is not _LEAF:
+            for parent, lookup, recorded in inner:
+                value = lookup(objs[parent])
+                if value is not recorded:
                     return self._check()  # the tree changed here: check it again
                 objs.append(value)
+            return [lookup(objs[parent]) for parent, lookup in self._leaves]
         except Exception:  # a step that no longer resolves: get_at says why
             return self._check()
-        return [objs[i] for i in self._leaves]
 
     def _check(self) -> list[Any]:
         """Every site through ``get_at`` (the rules, SiteError as it raises it), then
         the chains of objects recorded for the next reads."""
-        self._program = None
+        self._inner = None
         values = [get_at(self.root, steps) for steps in self.sites]
         self.checks += 1
         self._compile()
@@ -78,36 +72,32 @@ class SiteReads:
 
     def _compile(self) -> None:
         objs: list[Any] = [self.root]
-        nodes: dict[tuple, int] = {}
-        program: list[list[Any]] = []
-        inner: set[int] = set()  # nodes another step passes through
+        nodes: dict[tuple, int] = {}  # (parent node, kind, name/key/module node) -> node
+        inner: list[tuple[int, Callable[[Any], Any], Any]] = []
 
-        def step(parent: int, kind: str, value: Any) -> int:
+        def lookup(kind: str, value: Any) -> tuple[Callable[[Any], Any], Any]:
             if kind == "identity":
                 module = walk(value)
-                inner.add(module)
-                op, arg, obj = _IDENTITY, module, objs[parent][id(objs[module])]
-            elif kind == "attr":
-                op, arg, obj = _ATTR, value, getattr(objs[parent], value)
-            else:
-                op, arg, obj = _ITEM, value, objs[parent][value]
-            inner.add(parent)
-            key = (parent, op, arg)
-            if key not in nodes:
-                nodes[key] = len(objs)
-                objs.append(obj)
-                program.append([parent, op, arg, obj])
-            return nodes[key]
+                return operator.itemgetter(id(objs[module])), module
+            if kind == "attr":
+                return operator.attrgetter(value), value
+            return operator.itemgetter(value), value
 
         def walk(steps: tuple[Step, ...]) -> int:
             node = 0
             for kind, value in steps:
-                node = step(node, kind, value)
+                get, arg = lookup(kind, value)
+                key = (node, kind, arg)
+                if key not in nodes:
+                    nodes[key] = len(objs)
+                    objs.append(get(objs[node]))
+                    inner.append((node, get, objs[-1]))
+                node = nodes[key]
             return node
 
-        leaves = tuple(walk(steps) for steps in self.sites)
-        for i, ins in enumerate(program):
-            if i + 1 not in inner:
-                ins[3] = _LEAF
-        self._program = [tuple(ins) for ins in program]  # type: ignore[misc]
-        self._leaves = leaves
+        leaves = []
+        for steps in self.sites:
+            parent = walk(steps[:-1])
+            get, _ = lookup(*steps[-1])
+            leaves.append((parent, get))
+        self._inner, self._leaves = inner, leaves

@@ -97,11 +97,11 @@ def test_a_path_that_breaks_the_rules_raises_get_ats_site_error() -> None:
         reads.read()
 
 
-def test_shared_prefixes_are_one_step_each() -> None:
+def test_shared_prefixes_are_walked_once() -> None:
     model = _model()
     reads = SiteReads(model, SITES)
     reads.read()
-    steps = [(parent, op, arg) for parent, op, arg, _ in reads._program]  # type: ignore[union-attr]
-    assert len(steps) == len(set(steps))
-    # stream, states, net, layers, [1], [2], inner, [0], two entries, weight, cache, k, [1]
-    assert len(steps) == 14
+    inner = reads._inner or []
+    # stream, states, net, layers, [1], [2], inner, [0], cache, k: each once
+    assert len(inner) == 10 and len({id(obj) for _, _, obj in inner}) == 10
+    assert len(reads._leaves) == len(SITES)
