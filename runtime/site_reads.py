@@ -6,7 +6,7 @@ them now. ``get_at`` checks the path rules (sites.py: a path stays in the object
 own tree) at every step of every read; on a replayed call that checks every
 write-through site (admission clause ii) this was most of the host time: VoxCPM2's
 26 identity-keyed sites (``stream._states[id(vae.decoder.model[2].block[2].block[1])]``,
-up to 12 steps each) took ~1.8 ms of host time per call on a CPU.
+up to 12 steps each) took 1.1-1.9 ms of host time per call on a 2-core CPU.
 
 The rules are about the objects a path passes through, so they are checked once per
 chain of objects. The first ``read()`` resolves every site with ``get_at`` (raising
@@ -21,7 +21,11 @@ Prefixes shared by several sites are walked once per read.
 
 The value at a site itself (the last step's result) is read, never compared: the
 caller checks it (admission compares each write-through tensor's pointer, shape,
-stride and dtype with the captured ones).
+stride and dtype with the captured ones). So the one rule a later read does not
+re-check is the own-attribute rule of a site's *last* step on an unchanged object: if
+the object's own attribute were deleted and its class held one of the same name,
+``get_at`` would refuse the site and a read returns the class's value, which admission
+then compares like any other (a different tensor misses).
 """
 
 from __future__ import annotations
