@@ -22,10 +22,11 @@ Prefixes shared by several sites are walked once per read.
 The value at a site itself (the last step's result) is read, never compared: the
 caller checks it (admission compares each write-through tensor's pointer, shape,
 stride and dtype with the captured ones). So the one rule a later read does not
-re-check is the own-attribute rule of a site's *last* step on an unchanged object: if
+re-check is the own-attribute rule of an attribute step from an unchanged object: if
 the object's own attribute were deleted and its class held one of the same name,
-``get_at`` would refuse the site and a read returns the class's value, which admission
-then compares like any other (a different tensor misses).
+``get_at`` would refuse the site, while a read goes on with the class's value: on an
+inner step only if that is the very object recorded, and at a site's last step as the
+value read, which admission then compares like any other (a different tensor misses).
 """
 
 from __future__ import annotations
