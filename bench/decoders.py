@@ -73,7 +73,8 @@ class Decoder:
     """What a driver says about its model (see the module docstring).
 
     ``open(model, args, n_steps)`` returns the stream (``.step()`` -> PCM); ``bind(stream,
-    device)`` the uncaptured Binding; ``compile_site(stream)`` the (object, attribute) whose
+    device, backend=None)`` the uncaptured Binding (``backend``: a graph backend, as
+    ``bench/host_path.py`` passes one); ``compile_site(stream)`` the (object, attribute) whose
     method the compile controls replace; ``extra_setup(cell, stream, info)`` sets up the
     driver's own cells."""
 
@@ -81,7 +82,7 @@ class Decoder:
     adapter: str  # duplexcadence.generated.<adapter>
     build: Callable[[Any, Any], Any]  # (args, device) -> model
     open: Callable[[Any, Any, int], Any]
-    bind: Callable[[Any, Any], Any]
+    bind: Callable[..., Any]  # (stream, device, backend=None) -> Binding
     compile_site: Callable[[Any], tuple[Any, str]]
     extra_setup: Callable[[Cell, Any, dict], None] | None = None
 

@@ -106,7 +106,9 @@ DECODER = D.Decoder(
     adapter="qwen3_code2wav",
     build=lambda args, device: _w().build_code2wav(args.seed, device),
     open=lambda m, args, n: TurnStream(_w(), m, args.seed, n, args.turn_frames),
-    bind=lambda s, device: _w().bind_adapter(s.model, device, capture=False),
+    bind=lambda s, device, backend=None: _w().bind_adapter(
+        s.model, device, capture=False, backend=backend
+    ),
     compile_site=lambda s: (s.model, "forward"),
     extra_setup=vllm_omni_setup,
 )

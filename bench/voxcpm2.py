@@ -76,7 +76,9 @@ DECODER = D.Decoder(
     adapter="voxcpm2",
     build=lambda args, device: _w().build_vae(args.seed, device),
     open=lambda vae, args, n: VaeStream(_w(), vae, args.seed, n),
-    bind=lambda s, device: _w().bind_adapter(s.stock, device, capture=False),
+    bind=lambda s, device, backend=None: _w().bind_adapter(
+        s.stock, device, capture=False, backend=backend
+    ),
     compile_site=lambda s: (s.stock.vae, "decode"),
     extra_setup=nanovllm_setup,
 )

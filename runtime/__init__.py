@@ -29,6 +29,7 @@ decoder or operator and never imports the compiler. Layers, one concept each:
   sessions     SessionPool, Session: many exact streams on one binding
   undeclared   model tensors a contract leaves out, found before a second lane
   trees        tensor leaves of containers; state kept in a model's shared objects
+  site_reads   SiteReads: many sites read per call, path rules checked once per chain
   streams      StreamSpec: build a stock model, drive its loop (verify, draft)
   calls        CallConvention: a caller's arguments in the contract's declared form
   verify       verify_stream: a bound copy beside a stock copy, first divergence named

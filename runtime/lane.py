@@ -53,6 +53,7 @@ from .regions import LayoutError, Region
 from .replay import ExactShapeReplay
 from .binding import adopt_prefix
 from .lane_values import merge_retired, use_value
+from .site_reads import SiteReads
 from .sites import format_path, get_at, has_site, replace_at, set_at, update_at
 from .trees import map_tensors
 
@@ -203,16 +204,14 @@ class Lane:
     def _engine(self, k: CallableDecl, key: ParamKey) -> ExactShapeReplay:
         b = self.binding
         like = self._like(k.name)
+        wt = [w for w in k.writes if b.decl.regions[w].site is not None]
         return ExactShapeReplay(
             self.bodies[k.name],
             name=k.name,
             classes=classes_at(b.decl, k, key),
             regions=self.regions,
-            write_through={
-                w: (lambda w=w: self.write_through_tensor(w))
-                for w in k.writes
-                if b.decl.regions[w].site is not None
-            },
+            write_through={w: (lambda w=w: self.write_through_tensor(w)) for w in wt},
+            read_write_through=self._write_through_reader(wt),
             declared_effect=k.effect,
             device=b.device,
             backend=self.backend,
@@ -284,6 +283,19 @@ class Lane:
         if self.owns_sites:
             return get_at(self.binding.model, self.binding.decl.regions[name].site)  # type: ignore[arg-type]
         return self.regions[name].tensor
+
+    def _write_through_reader(self, names: list[str]) -> Callable[[], list[torch.Tensor]]:
+        """``write_through_tensor`` of every name at once, for admission's check on every
+        call: the sites are read through one ``SiteReads`` (their rules checked once per
+        chain of objects, shared prefixes walked once), not ``get_at`` each."""
+        reads = SiteReads(self.binding.model, {n: self.binding.decl.regions[n].site for n in names})
+
+        def read() -> list[torch.Tensor]:
+            if self.owns_sites:
+                return reads.read()
+            return [self.regions[n].tensor for n in names]
+
+        return read
 
     # ---------------------------------------------------------------- capture
     def capture(self, progress: bool = True) -> None:

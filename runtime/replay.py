@@ -43,7 +43,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -97,7 +97,8 @@ _EAGER_BY_DESIGN = frozenset({R.NO_CUDA, R.DISABLED})
 
 
 def _buffer_key(t: torch.Tensor) -> tuple:
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+    # t.shape is a torch.Size, a tuple: compared as one, never converted on a call
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
 class ExactShapeReplay:
@@ -109,6 +110,7 @@ class ExactShapeReplay:
         classes: list[CaptureClass],
         regions: Mapping[str, Region],
         write_through: Mapping[str, Callable[[], torch.Tensor]] | None = None,
+        read_write_through: Callable[[], Sequence[torch.Tensor]] | None = None,
         declared_effect: Effect = Effect.NONE,
         device: torch.device | str,
         warmup: int = 2,
@@ -126,6 +128,11 @@ class ExactShapeReplay:
         self.classes = list(classes)
         self.regions = dict(regions)
         self.write_through = dict(write_through or {})
+        # every write-through tensor at once, in ``write_through`` order, for the check
+        # on every call (a lane reads its sites through one compiled SiteReads); by
+        # default each getter in turn
+        getters = tuple(self.write_through.values())
+        self._read_write_through = read_write_through or (lambda: [g() for g in getters])
         self.declared_effect = declared_effect
         self.device = torch.device(device)
         self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
@@ -167,7 +174,8 @@ class ExactShapeReplay:
         self._dispatch = CatalogDispatch({})
         # signature -> the entries that share it (they differ by aliased pointers only)
         self._groups: dict[tuple, list[int]] = {}
-        self._wt: list[tuple[str, Callable[[], torch.Tensor], tuple]] = []
+        self._wt: list[tuple[str, tuple]] = []  # (name, buffer key at capture)
+        self._wt_keys: list[tuple] = []  # the keys alone: one list compare per call
 
     # ================================================================ capture
     def capture_all(self, progress: bool = True) -> "ExactShapeReplay":
@@ -187,7 +195,8 @@ class ExactShapeReplay:
             return self
         if self.pool is None:
             self.pool = self.backend.new_pool(self.device)
-        self._wt = [(n, g, _buffer_key(g())) for n, g in self.write_through.items()]
+        self._wt = [(n, _buffer_key(g())) for n, g in self.write_through.items()]
+        self._wt_keys = [key for _, key in self._wt]
         snap = self._snapshot()
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators
@@ -380,11 +389,12 @@ class ExactShapeReplay:
                 hit.reason, args, kwargs, lambda: describe_mismatch(self._dispatch.keys(), sig)
             )
         group = self._groups[hit]  # type: ignore[index]
-        for wname, getter, key in self._wt:
-            now = _buffer_key(getter())
-            if now != key:
-                self._invalidate(hit, wname, key, now)  # type: ignore[arg-type]
-                return self._eager(R.WRITE_THROUGH_POINTER, args, kwargs)
+        live = [_buffer_key(t) for t in self._read_write_through()]
+        if live != self._wt_keys:
+            for (wname, key), now in zip(self._wt, live, strict=True):
+                if now != key:
+                    self._invalidate(hit, wname, key, now)  # type: ignore[arg-type]
+                    return self._eager(R.WRITE_THROUGH_POINTER, args, kwargs)
         ambient = ambient_state(self.device.type)
         same_ambient = [j for j in group if self._entries[j].ambient_key == ambient]
         if not same_ambient:
@@ -484,7 +494,8 @@ class ExactShapeReplay:
         names = ", ".join(e.name for e in group)
         msg = (
             f"{self.name}[{names}]: write-through buffer {wname} moved "
-            f"(ptr 0x{was[0]:x} shape {was[1]} -> ptr 0x{now[0]:x} shape {now[1]}); "
+            f"(ptr 0x{was[0]:x} shape {tuple(was[1])} stride {was[2]} {was[3]} -> "
+            f"ptr 0x{now[0]:x} shape {tuple(now[1])} stride {now[2]} {now[3]}); "
             f"{'class' if len(group) == 1 else 'classes'} dropped"
         )
         self._dispatch.drop(sig, R.INVALIDATED)

@@ -61,8 +61,15 @@ _CONTAINERS = (
 _OPAQUE = (types.MappingProxyType, functools.partial, property, staticmethod, classmethod)
 
 
+# Exactly these types are none of the kinds `_opaque` refuses: answered without its
+# dozen inspect calls (a call's arguments are walked by an aliased path on every call)
+_PLAIN = frozenset({dict, list, tuple, types.SimpleNamespace})
+
+
 def _opaque(obj: Any) -> str | None:
     """Why a path may not pass through `obj`, or None."""
+    if type(obj) in _PLAIN:
+        return None
     if isinstance(obj, torch.Tensor):
         return "a tensor"
     if inspect.ismodule(obj):

@@ -153,3 +153,49 @@ def test_bound_pinned_zeros_region_replays_bit_identical_to_stock() -> None:
     binding.unbind()
     for a, b in zip(out, stock):
         assert torch.equal(a, b)
+
+
+_SITE = parse_path("stream.states[id(net.layers[1])]")
+
+
+def _moved_dict(net: Net, region: torch.Tensor) -> None:
+    net.stream.states = {id(net.layers[1]): region.clone()}  # a new dict, a new address
+
+
+def _strided_view(net: Net, region: torch.Tensor) -> None:
+    # the same pointer and shape, other strides: only the stride differs
+    net.stream.states[id(net.layers[1])] = region.as_strided((1, 2, 3), (6, 1, 2))
+
+
+def _replaced_module(net: Net, region: torch.Tensor) -> None:
+    new = torch.nn.Conv1d(2, 2, 4)
+    new.load_state_dict(net.layers[1].state_dict())
+    net.layers[1] = new  # the identity path now reaches another module and its entry
+    net.stream.states[id(new)] = torch.zeros(1, 2, 3)
+
+
+@pytest.mark.parametrize("change", [_moved_dict, _strided_view, _replaced_module])
+def test_a_pinned_site_changed_between_calls_misses_and_names_the_region(change) -> None:
+    """Admission reads the write-through sites through compiled reads (site_reads.py):
+    a site moved by rebinding an object on its path, a stride changed at the same
+    pointer, or a module replaced on the identity path still misses, invalidates the
+    class and names the region; the call runs eager and its output equals stock's."""
+    torch.manual_seed(0)
+    xs = [torch.randn(1, 2, 4) for _ in range(3)]
+    name, adapter = import_package(compile_source(CONTRACT, "x.clock").files)
+    net = Net()
+    net.stream = types.SimpleNamespace(states={})
+    model = types.SimpleNamespace(net=net, stream=net.stream)
+    binding = adapter.bind(model, device="cpu", capture=False, backend=FakeGraphBackend())
+    binding.capture(progress=False)
+    region = binding.regions["pad"].tensor
+    net(xs[0])  # replayed
+    change(net, region)
+    stock = Net()
+    stock.load_state_dict(net.state_dict())
+    stock.stream = types.SimpleNamespace(states={id(stock.layers[1]): get_at(model, _SITE).clone()})
+    got = net(xs[1])
+    assert torch.equal(got, stock(xs[1]))
+    s = binding.stats()["callables"]["step"]
+    assert s["hits"] == 1 and s["misses"] == {"write_through_pointer": 1}
+    assert s["invalidations"] == 1 and "pad" in s["classes"][0]["detail"]
