@@ -12,7 +12,9 @@ is linear in each parameter (CLK081), so two ends decide the whole domain:
   * retention sizes shift the same way (a coefficient per retention parameter);
   * regions are allocated at their largest shape over the domain (per dim, the
     larger end): one address per lane for every value, each value reading views of
-    it. The difference to what one value needs is the parameter reserve, reported.
+    it. The difference to what one value needs is the parameter reserve, reported;
+  * the stock tensor at each region's site holds what bind() puts there at every
+    value (stock_rules.py, CLK083).
 
 The result (`ParamAnalysis`) is what lowering writes into generated code (the
 shifts, the allocated shapes, the domains) and what `clockc check`/`plan` report.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 from duplexcadence.compiler.analysis import Analysis, analyse
 from duplexcadence.compiler.param_rules import reference_values
+from duplexcadence.compiler.stock_rules import param_stock_problems
 from duplexcadence.compiler.validate import Checked, validate
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, Severity, error
@@ -143,6 +146,9 @@ def analyse_params(
     _shifts(result, contract, checked, folded)
     _allocation(result, contract, analysis, folded)
     problems += _shifted_catalogs_agree(result, checked, analysis, folded)
+    problems += param_stock_problems(
+        contract, result.shapes, folded, result.point_values, result.reference
+    )
     return (None if problems else result), problems
 
 
