@@ -1,4 +1,4 @@
-"""Render a traced stream (`runtime/trace_draft.Trace`) as a `.clock` draft.
+"""Render a traced stream (`runtime/draft_findings.Trace`) as a `.clock` draft.
 
 Contract of this layer: `render_draft(trace, name)` returns contract text that parses
 and checks (the CLI runs `clockc check` on it and says so), built as IR and printed by

@@ -23,6 +23,7 @@ from duplexcadence.compiler.analysis import Analysis, analyse
 from duplexcadence.compiler.emit import render_package
 from duplexcadence.compiler.lower import lower
 from duplexcadence.compiler.params import ParamAnalysis, analyse_params
+from duplexcadence.compiler.stock_rules import stock_problem, stock_span
 from duplexcadence.compiler.validate import Checked, validate
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, error, has_errors, shown_path, warning
@@ -104,34 +105,10 @@ def check_source(source: str, path: str) -> Result:
         result.diagnostics.extend(problems)
     nodes = {x.name: x for x in contract.regions}
     for r in result.analysis.regions:
-        problem = _stock_problem(nodes[r.name], r, checked.regions[r.name])
-        if problem is not None:
-            region = nodes[r.name]
-            result.diagnostics.append(
-                error("CLK031", problem, region.prop_spans.get("stock", region.span))
-            )
+        problem = stock_problem(nodes[r.name], r, checked.regions[r.name])
+        if problem is not None:  # (at the other parameter values: CLK083, params.py)
+            result.diagnostics.append(error("CLK031", problem, stock_span(nodes[r.name])))
     return result
-
-
-def _stock_problem(region: ir.Region, r, numbers) -> str | None:
-    """Why the stock constant cannot hold the demand-sized region, or None. The stock
-    tensor at the site is what bind() copies from (a carry: off its extent axis)."""
-    if r.stock_bytes is None or region.allocate == "stock":
-        return None
-    if r.demand_bytes > r.stock_bytes:
-        return (
-            f"region '{r.name}' needs {r.demand_bytes} bytes, more than its stock constant "
-            f"({r.stock_bytes} bytes); a demand size cannot exceed the stock envelope"
-        )
-    for i, (need, have) in enumerate(zip(r.shape, numbers.stock)):
-        if numbers.retention is not None and i == r.axis:
-            continue
-        if need > have:
-            return (
-                f"region '{r.name}' needs {need} along dim {i}, more than its stock "
-                f"constant holds ({have}); the stock tensor could not hold the region"
-            )
-    return None
 
 
 def compile_source(source: str, path: str, *, source_name: str | None = None) -> Result:

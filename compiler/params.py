@@ -15,7 +15,9 @@ is linear in each parameter (CLK081), so two ends decide the whole domain:
     value it serves (at bind: the default and the capture values; it grows when a
     larger value comes, runtime/lane.py). ``shapes`` stays the domain's largest
     shape (the envelope, per dim the larger end): what a lane serving the top
-    allocates, reported beside what one value needs.
+    allocates, reported beside what one value needs;
+  * the stock tensor at each region's site holds what bind() puts there at every
+    value (stock_rules.py, CLK083).
 
 The result (`ParamAnalysis`) is what lowering writes into generated code (the
 shifts, the envelope shapes, the domains) and what `clockc check`/`plan` report.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from duplexcadence.compiler.analysis import Analysis, analyse
 from duplexcadence.compiler.param_rules import reference_values
+from duplexcadence.compiler.stock_rules import param_stock_problems
 from duplexcadence.compiler.validate import Checked, validate
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, Severity, error
@@ -159,6 +162,9 @@ def analyse_params(
     _shifts(result, contract, checked, folded)
     _allocation(result, contract, analysis, folded)
     problems += _shifted_catalogs_agree(result, checked, analysis, folded)
+    problems += param_stock_problems(
+        contract, result.shapes, folded, result.point_values, result.reference
+    )
     return (None if problems else result), problems
 
 

@@ -364,6 +364,12 @@ _CODES = [
         "catalog depends on a parameter",
         "A session parameter may move attended extents, retention sizes and region envelopes, not a catalog's width, a stride or a staged argument's shape: the catalog of each value must be the same classes shifted.",
     ),
+    Code(
+        "CLK083",
+        "error",
+        "stock tensor cannot hold every parameter value",
+        "bind() puts a region at its site once, at its largest shape over every session parameter's domain, and reads the stock tensor there once: a region that is the stock tensor (`allocate stock`, `address pinned`) and a carry's dims off its extent axis cannot change shape with a parameter, and an allocated region with a site whose shape does declares `stock` dims that hold its largest shape at every value.",
+    ),
     # ---- warnings
     Code(
         "CLK501",

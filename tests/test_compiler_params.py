@@ -32,6 +32,7 @@ region scratch {{
   dims [frame, 8]
   lifetime operator
   envelope extent(carry) + 3 frame
+  stock [32 frame, 8]
   site net.scratch
 }}
 callable step {{
@@ -145,6 +146,119 @@ def test_a_read_region_may_grow_only_along_its_extent():
         "dims [frame, 8]\n  lifetime turn", "dims [frame, f_prompt]\n  lifetime turn"
     )
     assert "CLK082" in codes(text)
+
+
+SCRATCH_STOCK = "  stock [32 frame, 8]\n  site net.scratch\n"
+
+
+def scratch(lines: str) -> str:
+    """The contract with the scratch region's stock and site lines replaced."""
+    text = contract()
+    assert SCRATCH_STOCK in text
+    return text.replace(SCRATCH_STOCK, lines)
+
+
+def diagnostics(text: str) -> list[tuple[str, int, str]]:
+    """(code, line, message) of each error."""
+    found = check_source(text, "x.clock").diagnostics
+    return [(d.code, d.span.line, d.message) for d in found if d.severity == "error"]
+
+
+def line_of(text: str, part: str) -> int:
+    return next(i for i, line in enumerate(text.split("\n"), 1) if part in line)
+
+
+def test_an_installed_region_growing_with_a_parameter_declares_its_stock():
+    # bind() copies the stock tensor at the site into the region allocated at the
+    # largest value (18 frames): without `stock` nothing says the tensor holds that
+    text = scratch("  site net.scratch\n")
+    ((code, line, message),) = diagnostics(text)
+    assert (code, line) == ("CLK083", line_of(text, "site net.scratch"))
+    assert "region 'scratch' changes shape with param 'f_prompt'" in message
+    assert "(12, 8) at f_prompt=2, (18, 8) at f_prompt=8" in message
+    # a region with no site is allocated and put nowhere: nothing is read
+    assert codes(scratch("")) == []
+
+
+def test_a_stock_constant_must_hold_the_largest_value_not_only_the_default():
+    # 16 frames hold the default's 14 but not the 18 the region needs at the top
+    text = scratch("  stock [16 frame, 8]\n  site net.scratch\n")
+    ((code, line, message),) = diagnostics(text)
+    assert (code, line) == ("CLK083", line_of(text, "stock [16 frame, 8]"))
+    assert message.startswith("at f_prompt=8: region 'scratch' needs 576 bytes, more than")
+    # too small for the default already: CLK031 alone, not twice
+    text = scratch("  stock [12 frame, 8]\n  site net.scratch\n")
+    assert codes(text) == ["CLK031"]
+    assert codes(scratch("  stock [18 frame, 8]\n  site net.scratch\n")) == []
+
+
+def test_a_stock_constant_must_hold_the_allocation_over_every_parameter():
+    # two parameters grow the scratch: each point needs at most 15 frames, but the
+    # region is allocated at 11 + 4 + 4 = 19 (each parameter's growth added)
+    text = scratch("  stock [16 frame, 8]\n  site net.scratch\n")
+    text = text.replace("envelope extent(carry) + 3 frame", "envelope extent(carry) + f_extra")
+    text = text.replace(PARAM, PARAM + "\nparam f_extra in 0..4 frame")
+    ((code, _, message),) = diagnostics(text)
+    assert code == "CLK083"
+    assert message.startswith("region 'scratch' is allocated at (19, 8), its largest shape")
+    assert "its stock constant holds 16 along dim 0; bind() copies" in message
+    # a stock constant that moves with a parameter: where it is smallest is named
+    text = text.replace("stock [16 frame, 8]", "stock [22 frame - f_extra, 8]")
+    ((code, _, message),) = diagnostics(text)
+    assert code == "CLK083" and "holds 18 along dim 0 at f_extra=4;" in message
+
+
+@pytest.mark.parametrize(
+    "lines, says",
+    [
+        ("  address pinned\n  site net.scratch\n", "`address pinned`"),
+        ('  address pinned\n  initial zeros\n  site pins["scratch"]\n', "`address pinned`"),
+        (
+            "  stock [f_prompt + 10 frame, 8]\n  allocate stock\n  site net.scratch\n",
+            "`allocate stock`",
+        ),
+    ],
+    ids=["pinned", "pinned_initial_zeros", "allocate_stock"],
+)
+def test_a_region_that_is_the_stock_tensor_cannot_change_shape_with_a_parameter(lines, says):
+    found = diagnostics(scratch(lines))
+    assert [c for c, _, _ in found] == ["CLK083"]
+    message = next(m for c, _, m in found if c == "CLK083")
+    assert f"region 'scratch' is the stock tensor at its site ({says})" in message
+    assert "param 'f_prompt'" in message
+    # the same regions with a shape that does not move are valid
+    fixed = scratch(lines).replace("envelope extent(carry) + 3 frame", "envelope 18 frame")
+    fixed = fixed.replace("f_prompt + 10 frame", "18 frame")
+    assert [c for c in codes(fixed) if c != "CLK505"] == []
+
+
+def test_a_carry_stock_is_checked_at_every_value():
+    # the stock history shrinks as the retention grows: enough at the default (4 + 7 <= 16),
+    # not at the top of the domain (8 + 7 > 12)
+    text = contract().replace(
+        '  site state["cache"]', '  stock [20 frame - f_prompt, 8]\n  site state["cache"]'
+    )
+    ((code, _, message),) = diagnostics(text)
+    assert code == "CLK083"
+    assert message.startswith("at f_prompt=8: region 'carry' needs 480 bytes")
+
+
+def test_a_carry_history_off_its_axis_cannot_change_with_a_parameter():
+    text = contract().replace(
+        '  retains carry from result[1]["cache"]',
+        '  retains carry from result[1]["cache"]\n  retains side from result[2]',
+    )
+    text += """region side {
+  dtype float32
+  dims [frame, f_prompt]
+  lifetime turn
+  retention ring(4 frame)
+  site state["side"]
+}
+"""
+    found = diagnostics(text)
+    assert [c for c, _, _ in found] == ["CLK083"], found
+    assert "carry 'side' adopts the stock history at its site" in found[0][2]
 
 
 def test_an_unused_parameter_is_a_warning():

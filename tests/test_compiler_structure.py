@@ -8,6 +8,7 @@ reserved names, the version.
 * Every identifier the templates write is in compiler/names.GENERATED_NAMES (or derived
   from a contract name), so a contract name can never shadow one.
 * The version in generated headers is pyproject.toml's.
+* No function in compiler/ is over 80 lines.
 """
 
 import ast
@@ -146,3 +147,15 @@ def test_generated_identifiers_are_all_reserved(path):
 def test_version_is_pyprojects():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["version"] == __version__
+
+
+def test_no_compiler_function_is_over_80_lines():
+    """House style (DESIGN.md §7): small functions of one step each."""
+    long = []
+    for path in sorted((ROOT / "compiler").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long

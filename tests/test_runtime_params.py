@@ -337,7 +337,8 @@ def test_cuda_sessions_of_different_values_replay_real_graphs_exactly():
         assert all(torch.equal(a, b) for a, b in zip(got[seed], want)), (seed, frames)
     st = step_stats(binding)
     assert st["eager_calls"] == 0 and st["hits"] == 18, st["misses"]
-    assert binding.stats()["params"]["captures"] >= 3
-    # the lanes were bound at the default: 6 and 8 grew them (graphs re-captured on CUDA)
-    assert binding.stats()["params"]["regrows"] >= 1
+    # the lanes were bound at the default 4: 2 was captured as a value, 6 and 8 grew the
+    # lane they came to (regions re-laid, every graph re-captured on CUDA)
+    params = binding.stats()["params"]
+    assert params["regrows"] >= 1 and params["captures"] + params["regrows"] >= 3, params
     binding.unbind()
