@@ -65,6 +65,7 @@ from .signature import (
     signature_and_leaves,
 )
 from .telemetry import LOGGER
+from .progress import capture_progress
 
 
 @dataclass
@@ -201,7 +202,7 @@ class ExactShapeReplay:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators
         n = len(self.ambient)
-        with _progress(progress, f"capturing {self.name}", len(self._entries)) as advance:
+        with capture_progress(progress, f"capturing {self.name}", len(self._entries)) as advance:
             for i in range(len(self.classes)):
                 self._capture_class(self._entries[i * n : (i + 1) * n], gen, snap, advance)
         # a signature is admitted while one of its classes is captured; the key is the
@@ -567,41 +568,6 @@ class ExactShapeReplay:
             ),
             "classes": cls,
         }
-
-
-class _progress:
-    """A rich progress bar on stderr, or nothing when quiet."""
-
-    def __init__(self, enabled: bool, label: str, total: int) -> None:
-        self.enabled, self.label, self.total = enabled, label, total
-        self._bar: Any = None
-
-    def __enter__(self) -> Callable[[], None]:
-        if not self.enabled:
-            return lambda: None
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        )
-        self._bar.__enter__()
-        task = self._bar.add_task(self.label, total=self.total)
-        return lambda: self._bar.advance(task)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(*exc)
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
