@@ -122,6 +122,10 @@ def test_served_model_targets_are_checked(monkeypatch):
 def test_cli_builds_the_config():
     args = parse_args(["pkg.contract", "--model", "m:f", "--replicas", "2", "--lanes", "3"])
     c = config_of(args)
+    assert (
+        config_of(parse_args(["c", "--model", "m:f", "--cpus-per-replica", "7"])).cpus_per_replica
+        == 7
+    )
     assert (c.contract, c.model, c.replicas, c.lanes, c.device) == (
         "pkg.contract",
         "m:f",
@@ -193,6 +197,19 @@ def via(request, app):
     """How a test's sessions are driven: the ingress handle, or a SessionClient (chunks
     straight to the pinned replica)."""
     return ViaIngress(app) if request.param == "ingress" else request.getfixturevalue("client")
+
+
+@needs_ray
+def test_tensor_outputs_leave_the_replica_as_numpy():
+    import torch
+
+    from duplexcadence.runtime.serve.app import on_the_wire
+
+    pcm = torch.arange(6, dtype=torch.float32)
+    out = on_the_wire(pcm)
+    assert isinstance(out, np.ndarray) and np.array_equal(out, pcm.numpy())
+    assert isinstance(on_the_wire(pcm.to(torch.bfloat16)), torch.Tensor)
+    assert on_the_wire(b"pcm") == b"pcm"
 
 
 def _free_port() -> int:

@@ -35,6 +35,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 import ray
+import torch
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from ray import serve
 from ray.exceptions import RayActorError
@@ -56,6 +57,18 @@ def replica_name(index: int) -> str:
     return f"replica_{index}"
 
 
+def on_the_wire(output: Any) -> Any:
+    """A tensor output as its numpy array: Ray pickles an array out of band (no copy
+    into the pickle), a tensor by copying its storage — about 1-3 ms more per 96 KB
+    chunk of PCM, per hop, on a CPU. Dtypes numpy lacks (bfloat16) stay tensors."""
+    if isinstance(output, torch.Tensor):
+        try:
+            return output.detach().cpu().numpy()
+        except TypeError:
+            return output
+    return output
+
+
 @serve.deployment
 class Replica:
     def __init__(self, config: ServeConfig) -> None:
@@ -69,7 +82,7 @@ class Replica:
         return self.server.incarnation, await self._call(self.server.open, params)
 
     async def step(self, incarnation: str, sid: int, payload: Any) -> Any:
-        return await self._call(self.server.step, incarnation, sid, payload)
+        return on_the_wire(await self._call(self.server.step, incarnation, sid, payload))
 
     async def reset(self, incarnation: str, sid: int) -> None:
         await self._call(self.server.reset, incarnation, sid)
