@@ -8,7 +8,7 @@ session's bytes against its solo run on ``stock_procs``); what changes is the se
 * ``serve_gpus_1`` / ``serve_gpus_2`` — ``RayServer``: the worker process is the
   client. It starts an embedded Ray cluster and the application (one replica per GPU,
   each one binding of ``stepaudio2_token2wav`` with ``lanes`` replay lanes, at most
-  ``max_sessions`` sessions, the host's cores split among the replicas), then every
+  ``max_sessions`` sessions, each with the worker's torch threads), then every
   client thread opens its session through the ingress and sends its chunks and resets
   straight to the session's replica (``SessionClient``: one Ray hop per chunk). Its
   latency is arrival to PCM back in the client, Ray's hop included.
@@ -84,21 +84,21 @@ class RayServer:
 
         gpus = int(arm.options["gpus"])
         cuda = torch.device(device).type == "cuda"
-        cores = os.cpu_count() or 2
+        threads = torch.get_num_threads()  # the in-process arm's (``--threads``, if given)
         self.config = ServeConfig(
             contract=f"duplexcadence.generated.{CONTRACT}",
             model="bench.sessions_serve:token2wav",
             replicas=gpus,
             gpus_per_replica=1.0 if cuda else 0.0,
-            # Ray sets a replica's OMP/torch threads to its CPUs (1 if none): the host's
-            # cores, as the in-process arm has, less one for the client and Serve
-            cpus_per_replica=max(1, (cores - 1) // gpus) if cuda else 0.0,
+            # Ray makes a replica's CPUs its OMP/torch threads (1 if none): as many as
+            # this worker process (the in-process arm) has
+            cpus_per_replica=threads if cuda else 0.0,
             lanes=int(arm.options.get("lanes", LANES)) if cuda else 1,
             max_sessions=int(arm.options.get("max_sessions", MAX_SESSIONS)),
             stall_s=60.0,  # a replica busy capturing is slow, not dead
         )
         init_local(
-            num_cpus=cores if cuda else max(2, gpus * 2),
+            num_cpus=max(gpus * threads + 1, os.cpu_count() or 2) if cuda else max(2, gpus * 2),
             object_store_mib=256,
             paths=(Path(__file__).resolve().parents[1],),
             shared_host=not cuda,  # a CPU host here is shared by other programs
