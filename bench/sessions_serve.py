@@ -8,9 +8,12 @@ session's bytes against its solo run on ``stock_procs``); what changes is the se
 * ``serve_gpus_1`` / ``serve_gpus_2`` — ``RayServer``: the worker process is the
   client. It starts an embedded Ray cluster and the application (one replica per GPU,
   each one binding of ``stepaudio2_token2wav`` with ``lanes`` replay lanes, at most
-  ``max_sessions`` sessions), then every client thread opens its session, sends its
-  chunks and resets through the ingress handle. Its latency is arrival to PCM back
-  in the client, Ray's hops included.
+  ``max_sessions`` sessions, each with the worker's torch threads), then every
+  client thread opens its session through the ingress and sends its chunks and resets
+  straight to the session's replica (``SessionClient``: one Ray hop per chunk). Its
+  latency is arrival to PCM back in the client, Ray's hop included.
+* ``serve_gpus_1_ingress`` — the same through the ingress handle (client -> ingress ->
+  replica and back: two hops per chunk, what a WebSocket client's chunk crosses).
 * ``adapter_lanes`` — the same pool in process (sessions_token2wav), the baseline of the
   Ray path's added latency.
 
@@ -23,6 +26,7 @@ JSON; the sweep rewrites its JSON, so run it after every sweep or ``--resume``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,24 +75,30 @@ def token2wav() -> ServedModel:
 
 # ------------------------------------------------------------- client side
 class RayServer:
-    """The cadence harness's server protocol over the application's ingress handle."""
+    """The cadence harness's server protocol over the application: through a
+    ``SessionClient`` (one hop per chunk) or, with ``via="ingress"``, the ingress handle."""
 
     def __init__(self, arm: Arm, device: torch.device) -> None:
+        from duplexcadence.runtime.serve import SessionClient
         from duplexcadence.runtime.serve.app import init_local, start
 
         gpus = int(arm.options["gpus"])
         cuda = torch.device(device).type == "cuda"
+        threads = torch.get_num_threads()  # the in-process arm's (``--threads``, if given)
         self.config = ServeConfig(
             contract=f"duplexcadence.generated.{CONTRACT}",
             model="bench.sessions_serve:token2wav",
             replicas=gpus,
             gpus_per_replica=1.0 if cuda else 0.0,
+            # Ray makes a replica's CPUs its OMP/torch threads (1 if none): as many as
+            # this worker process (the in-process arm) has
+            cpus_per_replica=threads if cuda else 0.0,
             lanes=int(arm.options.get("lanes", LANES)) if cuda else 1,
             max_sessions=int(arm.options.get("max_sessions", MAX_SESSIONS)),
             stall_s=60.0,  # a replica busy capturing is slow, not dead
         )
         init_local(
-            num_cpus=max(2, gpus * 2),
+            num_cpus=max(gpus * threads + 1, os.cpu_count() or 2) if cuda else max(2, gpus * 2),
             object_store_mib=256,
             paths=(Path(__file__).resolve().parents[1],),
             shared_host=not cuda,  # a CPU host here is shared by other programs
@@ -96,6 +106,8 @@ class RayServer:
         )
         self.handle = start(self.config)
         self._wait_up(timeout_s=900)
+        self.client = SessionClient(self.config.name)
+        self.via_ingress = arm.options.get("via") == "ingress"
 
     def _wait_up(self, timeout_s: float) -> None:
         t = time.time()
@@ -106,21 +118,27 @@ class RayServer:
         raise TimeoutError(f"replicas not up within {timeout_s:.0f} s")
 
     def open(self, spec: SessionSpec) -> dict:
-        sid = self.handle.open.remote({"voice": voice_of(spec), "seed": spec.seed}).result()
+        sid = self.client.open({"voice": voice_of(spec), "seed": spec.seed})
         return {"sid": sid, "tokens": session_tokens(spec)}
 
     def submit(self, s: dict, chunk: Chunk) -> dict:
         payload = {"tokens": chunk_tokens(s["tokens"], chunk), "last_chunk": chunk.last_in_turn}
-        return {"pcm": self.handle.chunk.remote(s["sid"], payload).result()}
+        if self.via_ingress:
+            return {"pcm": self.handle.chunk.remote(s["sid"], payload).result()}
+        return {"pcm": self.client.chunk(s["sid"], payload)}
 
     def reset(self, s: dict) -> None:
-        self.handle.reset.remote(s["sid"]).result()
+        if self.via_ingress:
+            self.handle.reset.remote(s["sid"]).result()
+        else:
+            self.client.reset(s["sid"])
 
     def close(self, s: dict) -> None:
-        self.handle.close.remote(s["sid"]).result()
+        self.client.close(s["sid"])
 
     def stats(self) -> dict:
-        return {"config": vars(self.config), **self.handle.stats.remote().result()}
+        via = "ingress" if self.via_ingress else "client"
+        return {"config": vars(self.config), "via": via, **self.client.stats()}
 
 
 def server(arm: Arm, device: Any) -> Any:
@@ -135,13 +153,19 @@ SESSIONS = SessionWorkload(
         Arm(
             "serve_gpus_1",
             "inproc",
-            f"Ray Serve: one replica (1 GPU, {LANES} lanes), clients through the ingress",
+            f"Ray Serve: one replica (1 GPU, {LANES} lanes), chunks straight to it",
             options={"gpus": 1, "lanes": LANES},
+        ),
+        Arm(
+            "serve_gpus_1_ingress",
+            "inproc",
+            f"Ray Serve: one replica (1 GPU, {LANES} lanes), chunks through the ingress",
+            options={"gpus": 1, "lanes": LANES, "via": "ingress"},
         ),
         Arm(
             "serve_gpus_2",
             "inproc",
-            f"Ray Serve: two replicas (1 GPU, {LANES} lanes each), clients through the ingress",
+            f"Ray Serve: two replicas (1 GPU, {LANES} lanes each), chunks straight to them",
             options={"gpus": 2, "lanes": LANES},
         ),
     ),

@@ -122,6 +122,10 @@ def test_served_model_targets_are_checked(monkeypatch):
 def test_cli_builds_the_config():
     args = parse_args(["pkg.contract", "--model", "m:f", "--replicas", "2", "--lanes", "3"])
     c = config_of(args)
+    assert (
+        config_of(parse_args(["c", "--model", "m:f", "--cpus-per-replica", "7"])).cpus_per_replica
+        == 7
+    )
     assert (c.contract, c.model, c.replicas, c.lanes, c.device) == (
         "pkg.contract",
         "m:f",
@@ -158,6 +162,56 @@ def app():
         ray.shutdown()  # takes Serve with it (serve.shutdown() waits ~20 s more)
 
 
+@pytest.fixture(scope="module")
+def client(app):
+    from duplexcadence.runtime.serve import SessionClient
+
+    c = SessionClient(TOY.name)
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+class ViaIngress:
+    """The ingress handle, as a SessionClient's methods (every chunk: two hops)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+
+    def open(self, params: dict) -> str:
+        return self.handle.open.remote(params).result()
+
+    def chunk(self, sid: str, x):
+        return self.handle.chunk.remote(sid, x).result()
+
+    def reset(self, sid: str) -> None:
+        self.handle.reset.remote(sid).result()
+
+    def close(self, sid: str) -> None:
+        self.handle.close.remote(sid).result()
+
+
+@pytest.fixture(params=["ingress", "client"])
+def via(request, app):
+    """How a test's sessions are driven: the ingress handle, or a SessionClient (chunks
+    straight to the pinned replica)."""
+    return ViaIngress(app) if request.param == "ingress" else request.getfixturevalue("client")
+
+
+@needs_ray
+def test_tensor_outputs_leave_the_replica_as_numpy():
+    import torch
+
+    from duplexcadence.runtime.serve.app import on_the_wire
+
+    pcm = torch.arange(6, dtype=torch.float32)
+    out = on_the_wire(pcm)
+    assert isinstance(out, np.ndarray) and np.array_equal(out, pcm.numpy())
+    assert isinstance(on_the_wire(pcm.to(torch.bfloat16)), torch.Tensor)
+    assert on_the_wire(b"pcm") == b"pcm"
+
+
 def _free_port() -> int:
     import socket
 
@@ -181,10 +235,10 @@ def _wait_all_up(handle, timeout_s: float = 60.0) -> list[dict]:
 
 
 @on_ray
-def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app):
+def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app, via):
     _wait_all_up(app)
     seeds = (1, 2, 3, 4)
-    sids = {s: app.open.remote({"seed": s}).result() for s in seeds}
+    sids = {s: via.open({"seed": s}) for s in seeds}
     got: dict[int, list] = {s: [] for s in seeds}
     errors: list[BaseException] = []
 
@@ -192,8 +246,8 @@ def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app):
         try:
             for i in range(6):
                 if i == 4:
-                    app.reset.remote(sids[s]).result()
-                got[s].append(app.chunk.remote(sids[s], x_of(s, i)).result())
+                    via.reset(sids[s])
+                got[s].append(via.chunk(sids[s], x_of(s, i)))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -209,19 +263,34 @@ def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app):
     assert [r["open"] for r in rs] == [2, 2]  # least loaded first: both replicas serve
     assert all(r["server"]["pool"]["runs"] >= 12 for r in rs)
     for sid in sids.values():
-        app.close.remote(sid).result()
+        via.close(sid)
     with pytest.raises(SessionUnknown, match="never opened here, or closed"):
-        app.chunk.remote(sids[1], x_of(1, 6)).result()
+        via.chunk(sids[1], x_of(1, 6))
     with pytest.raises(SessionUnknown):
-        app.chunk.remote("no-such-session", x_of(1, 0)).result()
+        via.chunk("no-such-session", x_of(1, 0))
 
 
 @on_ray
-def test_overload_is_refused_at_open(app):
+def test_client_steps_a_session_opened_through_the_ingress(app, client):
+    _wait_all_up(app)
+    sid = app.open.remote({"seed": 7}).result()
+    got = [client.chunk(sid, x_of(7, 0)), app.chunk.remote(sid, x_of(7, 1)).result()]
+    client.reset(sid)
+    got.append(client.chunk(sid, x_of(7, 2)))
+    assert exact(got, 7, reset_at=(2,))
+    app.close.remote(sid).result()  # closed elsewhere: the client's pin is refused there
+    with pytest.raises(SessionUnknown, match="no open session"):
+        client.chunk(sid, x_of(7, 3))
+
+
+@on_ray
+def test_overload_is_refused_at_open(app, client):
     _wait_all_up(app)
     sids = [app.open.remote({"seed": s}).result() for s in range(4)]  # 2 replicas x 2
     with pytest.raises(Overloaded, match="4 of 4 session places taken"):
         app.open.remote({"seed": 9}).result()
+    with pytest.raises(Overloaded, match="4 of 4 session places taken"):
+        client.open({"seed": 9})
     # the open sessions are unaffected, and a closed place can be taken again
     assert exact([app.chunk.remote(sids[3], x_of(3, 0)).result()], 3)
     app.close.remote(sids[0]).result()
@@ -231,12 +300,12 @@ def test_overload_is_refused_at_open(app):
 
 
 @on_ray
-def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app):
+def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app, via):
     import ray
 
     rs = _wait_all_up(app)
     seeds = (11, 12, 13, 14)
-    sids = {s: app.open.remote({"seed": s}).result() for s in seeds}
+    sids = {s: via.open({"seed": s}) for s in seeds}
     pins = {s: int(sids[s].split("-")[1] == rs[1]["incarnation"][:8]) for s in seeds}
     assert sorted(pins.values()) == [0, 0, 1, 1]
     got: dict[int, list] = {s: [] for s in seeds}
@@ -246,7 +315,7 @@ def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app):
     def client(s: int) -> None:  # a real-time client: one chunk every 50 ms
         for i in range(60):
             try:
-                got[s].append(app.chunk.remote(sids[s], x_of(s, i)).result())
+                got[s].append(via.chunk(sids[s], x_of(s, i)))
             except BaseException as e:  # noqa: BLE001 - checked below
                 failed[s] = (time.time(), e)
                 return
@@ -275,20 +344,21 @@ def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app):
         ), f"session {s} learned of the death after {at - killed_at[0]:.2f} s"
         assert exact(got[s], s)  # every chunk it did get was right
         with pytest.raises(SessionLost):
-            app.chunk.remote(sids[s], x_of(s, 0)).result()
-        app.close.remote(sids[s]).result()
+            via.chunk(sids[s], x_of(s, 0))
+        via.close(sids[s])
     for s in set(seeds) - dead:  # untouched: every chunk, every byte
         assert len(got[s]) == 60 and exact(got[s], s)
-        app.close.remote(sids[s]).result()
+        via.close(sids[s])
     # Serve replaces the replica; it comes up under a new incarnation and takes sessions
     after = _wait_all_up(app, timeout_s=90)
     assert after[0]["incarnation"] != rs[0]["incarnation"]
     assert after[1]["incarnation"] == rs[1]["incarnation"]
-    fresh = [app.open.remote({"seed": s}).result() for s in (21, 22)]
+    fresh = [via.open({"seed": s}) for s in (21, 22)]
     assert {f.split("-")[1] for f in fresh} == {r["incarnation"][:8] for r in after}
-    assert exact([app.chunk.remote(fresh[0], x_of(21, 0)).result()], 21)
+    for f, s in zip(fresh, (21, 22)):  # on the replacement and on the survivor
+        assert exact([via.chunk(f, x_of(s, 0))], s)
     for f in fresh:
-        app.close.remote(f).result()
+        via.close(f)
 
 
 @on_ray

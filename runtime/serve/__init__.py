@@ -1,7 +1,7 @@
 """runtime.serve — sessions spread over GPUs on Ray Serve (the optional ``[serve]`` extra).
 
-Layers, one concept each; only ``app`` imports ray, and only when asked for
-(``import duplexcadence.runtime`` never imports this package):
+Layers, one concept each; only ``app`` and ``client`` import ray, and only when asked
+for (``import duplexcadence.runtime`` never imports this package):
 
   errors   Overloaded, SessionUnknown, SessionLost: what a client is told
   config   ServeConfig: contract, model, replicas, lanes, capacity per replica
@@ -9,6 +9,7 @@ Layers, one concept each; only ``app`` imports ray, and only when asked for
   replica  ReplicaServer: one binding + SessionPool on one device (ray-free)
   router   SessionTable: session affinity and headroom (ray-free)
   app      the Ray Serve application: Replica per GPU, Ingress, build_app, start
+  client   SessionClient: chunks straight to the session's replica (one hop)
   cli      ``duplexcadence-serve CONTRACT --model pkg.mod:fn``
 """
 
@@ -46,6 +47,14 @@ def start(config: ServeConfig, **kwargs: Any) -> Any:
     return run(config, **kwargs)
 
 
+def __getattr__(name: str) -> Any:
+    if name == "SessionClient":  # imports ray: only when asked for
+        from .client import SessionClient
+
+        return SessionClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Overloaded",
     "RAY_HINT",
@@ -53,6 +62,7 @@ __all__ = [
     "ServeError",
     "ServedModel",
     "ServedModelError",
+    "SessionClient",
     "SessionLost",
     "SessionUnknown",
     "build_app",

@@ -23,6 +23,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="package.module:function -> ServedModel")
     p.add_argument("--replicas", type=int, default=1, help="replicas (one per GPU)")
     p.add_argument("--gpus-per-replica", type=float, default=0.0)
+    p.add_argument(
+        "--cpus-per-replica",
+        type=float,
+        default=0.0,
+        help="Ray CPUs per replica: also its OMP/torch threads (Ray sets 1 for 0)",
+    )
     p.add_argument("--lanes", type=int, default=1, help="replay lanes per replica")
     p.add_argument("--max-sessions", type=int, default=4, help="sessions per replica")
     p.add_argument("--host", default="127.0.0.1")
@@ -39,6 +45,7 @@ def config_of(args: argparse.Namespace) -> ServeConfig:
         model=args.model,
         replicas=args.replicas,
         gpus_per_replica=args.gpus_per_replica,
+        cpus_per_replica=args.cpus_per_replica,
         lanes=args.lanes,
         max_sessions=args.max_sessions,
         name=args.name,

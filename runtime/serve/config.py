@@ -4,7 +4,8 @@
 importable module with the generated ``bind(model, *, device, capture, progress)``);
 ``model``: the ``package.module:function`` of a ServedModel (model.py). One replica per
 device: ``replicas`` of them, each given ``gpus_per_replica`` GPUs by Ray (0: the CPU)
-and serving at most ``max_sessions`` sessions on ``lanes`` replay lanes — take both from
+and ``cpus_per_replica`` CPUs (Ray makes them its OMP/torch threads: 1 for 0), serving
+at most ``max_sessions`` sessions on ``lanes`` replay lanes — take both from
 the capacity plan (``clockc plan CONTRACT --profile PROFILE --lanes K``: its sessions
 per GPU at the cadence). A replica whose heartbeat stream (one beat every
 ``heartbeat_s``) ends or stalls for ``stall_s`` is taken as dead: its sessions fail.

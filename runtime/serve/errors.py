@@ -27,4 +27,11 @@ class SessionLost(ServeError):
     (open a new one). Other sessions are unaffected."""
 
 
-__all__ = ["Overloaded", "ServeError", "SessionLost", "SessionUnknown"]
+def plain(e: ServeError) -> ServeError:
+    """A refusal as it was raised, without the Ray traceback around it (Ray re-raises a
+    deployment's exception as a subclass of its type that carries it as ``cause``)."""
+    cause = getattr(e, "cause", e)
+    return type(cause)(*cause.args)
+
+
+__all__ = ["Overloaded", "ServeError", "SessionLost", "SessionUnknown", "plain"]

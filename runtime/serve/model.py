@@ -9,8 +9,9 @@ replica binds the returned model). ``open(model, pool, params)`` opens a session
 replica's ``SessionPool`` for the client's ``params`` (a voice, a seed: whatever the
 model's sessions are made of) and returns the pool's ``Session``; ``step(session,
 payload)`` runs one chunk of it (``session.run(...)``) and returns its output on the
-host (a float32 array of PCM, say); ``reset(session)`` starts a new turn. Everything a
-client sends (params, payloads) and gets back crosses processes, so it must pickle.
+host (a float32 array of PCM, say; a tensor reaches a Ray client as its numpy array);
+``reset(session)`` starts a new turn. Everything a client sends (params, payloads) and
+gets back crosses processes, so it must pickle.
 """
 
 from __future__ import annotations

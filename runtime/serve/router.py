@@ -19,6 +19,13 @@ from dataclasses import dataclass, field
 from .errors import Overloaded, SessionLost, SessionUnknown
 
 
+def lost_message(sid: str, index: int, incarnation: str, why: str) -> str:
+    return (
+        f"session {sid} is lost: replica {index} ({incarnation[:8]}) died ({why}); "
+        f"its state is gone, open a new session"
+    )
+
+
 @dataclass(frozen=True)
 class Pin:
     replica: int
@@ -67,10 +74,7 @@ class SessionTable:
         lost = sorted(r.sessions)
         for sid in lost:
             self.pins.pop(sid, None)
-            self.lost[sid] = (
-                f"session {sid} is lost: replica {index} ({incarnation[:8]}) died ({why}); "
-                f"its state is gone, open a new session"
-            )
+            self.lost[sid] = lost_message(sid, index, incarnation, why)
         r.sessions.clear()
         return lost
 

@@ -1,0 +1,172 @@
+"""A client whose chunks go straight to their session's replica: one Ray hop, not two.
+
+Contract of this layer (imports ray, as app.py; for a synchronous caller in a process
+on the application's Ray cluster — the driver that started it, a worker of it):
+``SessionClient(app_name)`` opens a session through the ingress (``open_pinned``: the
+replica with the most headroom, ``Overloaded`` refused there) and keeps its pin — the
+replica's deployment, incarnation and local id; ``chunk`` and ``reset`` call that
+replica's deployment handle directly, so a chunk crosses one actor call instead of
+client -> ingress -> replica -> ingress -> client. ``close`` and ``stats`` go through the
+ingress, which owns the session table. A session opened elsewhere (the ingress handle,
+another client) is located through the ingress on first use.
+
+Failures are the ingress's, with its 2 s bound: a session whose replica died gets
+``SessionLost`` — a call in flight as soon as Ray reports the actor's death or the
+ingress's ``deaths`` stream (which this client follows on a thread) names its
+incarnation, whichever comes first (in-flight calls look every ``POLL_S``), and every
+later call at once; a replacement replica answers a stale pin with ``SessionLost`` too
+(its incarnation differs). A closed or unknown session gets ``SessionUnknown``. Other
+sessions are untouched.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+from ray import serve
+
+from .app import DEAD
+from .errors import ServeError, SessionLost, plain
+from .router import lost_message
+
+POLL_S = 0.1  # how often a call in flight looks whether its replica was reported dead
+
+
+class SessionClient:
+    def __init__(self, app_name: str = "duplexcadence") -> None:
+        self.app_name = app_name
+        self.ingress = serve.get_app_handle(app_name)
+        self._lock = threading.Lock()
+        self._pins: dict[str, dict] = {}  # session -> the ingress's open_pinned/locate
+        self._lost: dict[str, str] = {}  # session -> why (until closed)
+        self._dead: set[str] = set()  # incarnations the ingress reported dead
+        self._replicas: dict[str, Any] = {}  # deployment name -> its handle
+        self._stop = threading.Event()
+        self._stream: Any = None
+        self._watcher = threading.Thread(
+            target=self._follow_deaths, name=f"{app_name}-deaths", daemon=True
+        )
+        self._watcher.start()
+
+    # ------------------------------------------------------------ sessions
+    def open(self, params: dict | None = None) -> str:
+        try:
+            where = self.ingress.open_pinned.remote(params or {}).result()
+        except ServeError as e:
+            raise plain(e) from None
+        self._replica(where["deployment"])  # its router starts now, not at the first chunk
+        with self._lock:
+            self._pins[where["session"]] = where
+        return where["session"]
+
+    def chunk(self, sid: str, payload: Any) -> Any:
+        return self._call(sid, "step", payload)
+
+    def reset(self, sid: str) -> None:
+        self._call(sid, "reset")
+
+    def close(self, sid: str) -> None:
+        with self._lock:
+            self._pins.pop(sid, None)
+            self._lost.pop(sid, None)
+        try:
+            self.ingress.close.remote(sid).result()
+        except ServeError as e:
+            raise plain(e) from None
+
+    def stats(self) -> dict:
+        return self.ingress.stats.remote().result()
+
+    def shutdown(self) -> None:
+        """Stop following the ingress (before ``ray.shutdown``)."""
+        self._stop.set()
+        if self._stream is not None:
+            try:
+                self._stream.cancel()
+            except Exception:  # noqa: BLE001 - best effort: the thread is a daemon
+                pass
+
+    def __enter__(self) -> "SessionClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------- the hop
+    def _call(self, sid: str, method: str, *args: Any) -> Any:
+        where = self._pin(sid)
+        if where["incarnation"] in self._dead:
+            raise self._lose(sid, where, "reported by the ingress")
+        handle = getattr(self._replica(where["deployment"]), method)
+        response = handle.remote(where["incarnation"], where["local"], *args)
+        try:
+            while True:
+                try:
+                    return response.result(timeout_s=POLL_S)
+                except TimeoutError:
+                    pass
+                if where["incarnation"] in self._dead:
+                    _cancel(response)  # else it waits for (and meets) the replacement
+                    raise self._lose(sid, where, "reported by the ingress")
+        except ServeError as e:  # the replica's refusal, without Ray's traceback around it
+            raise plain(e) from None
+        except DEAD as e:
+            with self._lock:
+                self._dead.add(where["incarnation"])
+            raise self._lose(sid, where, f"{type(e).__name__} answering a request") from None
+
+    def _pin(self, sid: str) -> dict:
+        with self._lock:
+            where = self._pins.get(sid)
+            if where is None and sid in self._lost:
+                raise SessionLost(self._lost[sid])
+        if where is None:  # opened through another client: ask the ingress once
+            try:
+                where = self.ingress.locate.remote(sid).result()
+            except ServeError as e:  # SessionUnknown, SessionLost
+                raise plain(e) from None
+            with self._lock:
+                self._pins[sid] = where
+        return where
+
+    def _lose(self, sid: str, where: dict, why: str) -> SessionLost:
+        message = lost_message(sid, where["replica"], where["incarnation"], why)
+        with self._lock:
+            if self._pins.pop(sid, None) is not None:
+                self._lost[sid] = message
+            message = self._lost.get(sid, message)
+        return SessionLost(message)
+
+    def _replica(self, deployment: str) -> Any:
+        handle = self._replicas.get(deployment)
+        if handle is None:
+            handle = serve.get_deployment_handle(deployment, self.app_name)
+            self._replicas[deployment] = handle
+        return handle
+
+    def _follow_deaths(self) -> None:
+        """The ingress's ``deaths`` stream, for as long as the client and Ray live (a
+        broken stream — the ingress restarting — is followed again)."""
+        while not self._stop.is_set() and ray.is_initialized():
+            try:
+                self._stream = self.ingress.options(stream=True).deaths.remote()
+                for dead in self._stream:
+                    with self._lock:
+                        self._dead.update(dead)
+            except BaseException:  # noqa: BLE001 - any end of the stream: follow it again
+                if self._stop.is_set():  # (Ray shutting down raises SystemExit here)
+                    return
+            time.sleep(POLL_S)
+
+
+def _cancel(response: Any) -> None:
+    try:
+        response.cancel()
+    except Exception:  # noqa: BLE001 - best effort: a replacement refuses it anyway
+        pass
+
+
+__all__ = ["POLL_S", "SessionClient"]
