@@ -125,8 +125,10 @@ class CudaGraphBackend:
     def capture(
         self, fn: Callable, args: tuple, kwargs: dict, device: torch.device, pool: Any
     ) -> Captured:
+        asked, pool = pool, _live_pool(pool)
         with torch.cuda.device(device):
             graph = torch.cuda.CUDAGraph()
+            caller_stream = torch.cuda.current_stream(device)
             try:
                 # thread_local: other sessions' threads keep running (and allocating,
                 # synchronising) on their own lanes while a new value is captured here
@@ -135,11 +137,29 @@ class CudaGraphBackend:
                 ):
                     out = fn(*args, **kwargs)
             except BaseException:
+                # torch.cuda.graph's exit raised before leaving its stream context
+                torch.cuda.set_stream(caller_stream)
                 _stop_recording(device, pool if pool is not None else graph.pool())
+                if asked is not None:
+                    _REPLACED_POOLS[pool] = torch.cuda.graph_pool_handle()
                 _end_generator_capture(device, self._stream(device))
                 raise
             torch.cuda.synchronize(device)
         return _CudaCaptured(graph, out)
+
+
+# Pools a failed capture recorded into -> the pool later captures into them use.
+# Measured on the H200 (torch 2.11): after a capture invalidated mid-way, ending the
+# pool's recording succeeds, yet the allocator still refuses to record into that pool
+# again ("beginAllocateToPool: already recording to mempool_id"); the graphs already
+# captured there keep their memory and replay, new ones go to a fresh pool.
+_REPLACED_POOLS: dict[Any, Any] = {}
+
+
+def _live_pool(pool: Any) -> Any:
+    while pool in _REPLACED_POOLS:
+        pool = _REPLACED_POOLS[pool]
+    return pool
 
 
 def _stop_recording(device: torch.device, pool: Any) -> None:

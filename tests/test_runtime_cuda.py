@@ -275,6 +275,7 @@ def test_a_failed_capture_leaves_the_pool_usable():
     with pytest.raises(Exception):
         backend.capture(syncs, (x,), {}, DEV, pool)
     torch.randn(4, device=DEV)  # raised "Offset increment outside graph capture" before
+    assert torch.cuda.current_stream(DEV) == torch.cuda.default_stream(DEV)
     captured = backend.capture(lambda t: t * 3 + 1, (x,), {}, DEV, pool)
     x.add_(1)
     captured.replay()
