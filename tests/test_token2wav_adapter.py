@@ -114,10 +114,10 @@ def test_retention_trimmed_in_place_at_one_address(bound):
 
 def test_regions_are_demand_sized(bound):
     t2w = bound["t2w"]
-    # sized for the largest voice prompt the contract declares (f_prompt in 50..600):
-    # 600 + 100 retained (+ 56 in flight for the workspace); a 302-frame prompt views it
-    assert tuple(t2w.flow.decoder.att_cache_buffer.shape) == (10, 16, 2, 8, 756, 128)
-    assert tuple(bound["carry"].tensor.shape) == (10, 16, 2, 8, 700, 128)
+    # sized for the value bound (the default f_prompt = 302 of 50..600), not the domain's
+    # top: 302 + 100 retained (+ 56 in flight for the workspace); a larger value grows it
+    assert tuple(t2w.flow.decoder.att_cache_buffer.shape) == (10, 16, 2, 8, 458, 128)
+    assert tuple(bound["carry"].tensor.shape) == (10, 16, 2, 8, 402, 128)
     stats = bound["binding"].stats()
     assert set(stats["callables"]) == {"flow_chunk", "vocoder"}
     # on CPU the engine runs eager and says why
@@ -230,8 +230,8 @@ def test_sr_state_rule_and_step_catalog(bound_sr):
     assert bound_sr["ptrs"] == {carry.data_ptr()}
     assert carry.audit_checks >= N_CHUNKS and carry.audit_divergences == 0
     est = bound_sr["t2w"].flow.decoder.estimator
-    # the step contract declares f_prompt in 50..600 too: 600 + 100 retained + 56 in flight
-    assert tuple(est.att_cache_buffer.shape) == (16, 2, 8, 756, 128)
+    # the step contract declares f_prompt in 50..600 too, bound at 302: 302 + 100 + 56
+    assert tuple(est.att_cache_buffer.shape) == (16, 2, 8, 458, 128)
     assert est.cnn_cache_buffer.data_ptr() == binding.regions["dit_cnn"].data_ptr()
     stats = binding.stats()
     assert set(stats["callables"]) == {"estimator_step"}
