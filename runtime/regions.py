@@ -133,11 +133,6 @@ class Region:
         """Zero in place (turn boundary): the address does not change."""
         self.tensor.zero_()
 
-    def same_view(self, t: torch.Tensor) -> torch.Tensor:
-        """This region's view with ``t``'s geometry (``t`` views a storage laid out like
-        this region's, e.g. a session's copy of it)."""
-        return self.tensor.as_strided(t.shape, t.stride(), t.storage_offset())
-
     def moved_view(self, t: torch.Tensor, layout: tuple[int, ...]) -> torch.Tensor | None:
         """This region's view of the elements ``t`` views in an allocation of this region
         at shape ``layout`` (a session's copy, another lane's: layouts.py), or None."""

@@ -141,7 +141,8 @@ class SessionState:
             ptr = t.untyped_storage().data_ptr()
             if ptr in self._relaid:  # a view of this session's copy before a fallback
                 layout, now = self._relaid[ptr]
-                return now.moved_view(t, layout) if now.moved_view(t, layout) is not None else t
+                moved = now.moved_view(t, layout)
+                return moved if moved is not None else t
             hit = where.get(ptr)
             if hit is None:
                 return t
