@@ -1,0 +1,264 @@
+"""The Serve application on a real local Ray cluster with two replicas. Not collected
+by a plain ``pytest`` run (the name): ``tests/test_serve.py`` runs this file in a pytest
+process of its own, because the Ray driver must not share the suite's process. Ray's
+core worker ends a process that touches it after ``ray.shutdown()`` at once, with exit
+status 1 and no output (ray-project/ray#19115), and Serve's router thread outlives the
+shutdown; in the suite's process that would end every later test. Run it directly for
+the per-test view: ``python -m pytest tests/serve_cluster_cases.py``.
+
+Every session's outputs through Ray must equal the same session run alone on stock code
+(toy_stream.solo_stock), whichever replica holds it and whatever dies beside it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toy_stream import solo_stock, x_of
+
+from duplexcadence.runtime.serve import (
+    Overloaded,
+    ServeConfig,
+    SessionLost,
+    SessionUnknown,
+    ray_missing,
+)
+
+if ray_missing() is not None:
+    pytest.skip(ray_missing(), allow_module_level=True)
+
+TESTS = Path(__file__).resolve().parent
+HTTP: dict = {}  # the fixture's WebSocket port
+TOY = ServeConfig("serve_toy", "serve_toy:served", replicas=2, max_sessions=2)
+
+
+def exact(got: list, seed: int, reset_at: tuple[int, ...] = ()) -> bool:
+    want = solo_stock(seed, len(got), reset_at)
+    return all(np.array_equal(a, b.numpy()) for a, b in zip(got, want))
+
+
+@pytest.fixture(scope="module")
+def app():
+    import ray
+
+    from duplexcadence.runtime.serve.app import init_local, start
+
+    init_local(
+        num_cpus=2, object_store_mib=80, paths=(TESTS,), shared_host=True, log_to_driver=False
+    )
+    HTTP["port"] = _free_port()
+    try:
+        yield start(TOY, http_port=HTTP["port"])
+    finally:
+        ray.shutdown()  # takes Serve with it (serve.shutdown() waits ~20 s more)
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from duplexcadence.runtime.serve import SessionClient
+
+    c = SessionClient(TOY.name)
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+class ViaIngress:
+    """The ingress handle, as a SessionClient's methods (every chunk: two hops)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+
+    def open(self, params: dict) -> str:
+        return self.handle.open.remote(params).result()
+
+    def chunk(self, sid: str, x):
+        return self.handle.chunk.remote(sid, x).result()
+
+    def reset(self, sid: str) -> None:
+        self.handle.reset.remote(sid).result()
+
+    def close(self, sid: str) -> None:
+        self.handle.close.remote(sid).result()
+
+
+@pytest.fixture(params=["ingress", "client"])
+def via(request, app):
+    """How a test's sessions are driven: the ingress handle, or a SessionClient (chunks
+    straight to the pinned replica)."""
+    return ViaIngress(app) if request.param == "ingress" else request.getfixturevalue("client")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _replicas(handle) -> list[dict]:
+    return handle.stats.remote().result()["replicas"]
+
+
+def _wait_all_up(handle, timeout_s: float = 60.0) -> list[dict]:
+    t = time.time()
+    while time.time() - t < timeout_s:
+        rs = _replicas(handle)
+        if all(r["up"] for r in rs):
+            return rs
+        time.sleep(0.2)
+    raise AssertionError(f"replicas not up in {timeout_s} s: {rs}")
+
+
+def test_sessions_on_two_replicas_equal_their_solo_stock_runs(app, via):
+    _wait_all_up(app)
+    seeds = (1, 2, 3, 4)
+    sids = {s: via.open({"seed": s}) for s in seeds}
+    got: dict[int, list] = {s: [] for s in seeds}
+    errors: list[BaseException] = []
+
+    def client(s: int) -> None:
+        try:
+            for i in range(6):
+                if i == 4:
+                    via.reset(sids[s])
+                got[s].append(via.chunk(sids[s], x_of(s, i)))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(s,)) for s in seeds]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors
+    for s in seeds:
+        assert exact(got[s], s, reset_at=(4,)), f"session {s} differs"
+    rs = _replicas(app)
+    assert [r["open"] for r in rs] == [2, 2]  # least loaded first: both replicas serve
+    assert all(r["server"]["pool"]["runs"] >= 12 for r in rs)
+    for sid in sids.values():
+        via.close(sid)
+    with pytest.raises(SessionUnknown, match="never opened here, or closed"):
+        via.chunk(sids[1], x_of(1, 6))
+    with pytest.raises(SessionUnknown):
+        via.chunk("no-such-session", x_of(1, 0))
+
+
+def test_client_steps_a_session_opened_through_the_ingress(app, client):
+    _wait_all_up(app)
+    sid = app.open.remote({"seed": 7}).result()
+    got = [client.chunk(sid, x_of(7, 0)), app.chunk.remote(sid, x_of(7, 1)).result()]
+    client.reset(sid)
+    got.append(client.chunk(sid, x_of(7, 2)))
+    assert exact(got, 7, reset_at=(2,))
+    app.close.remote(sid).result()  # closed elsewhere: the client's pin is refused there
+    with pytest.raises(SessionUnknown, match="no open session"):
+        client.chunk(sid, x_of(7, 3))
+
+
+def test_overload_is_refused_at_open(app, client):
+    _wait_all_up(app)
+    sids = [app.open.remote({"seed": s}).result() for s in range(4)]  # 2 replicas x 2
+    with pytest.raises(Overloaded, match="4 of 4 session places taken"):
+        app.open.remote({"seed": 9}).result()
+    with pytest.raises(Overloaded, match="4 of 4 session places taken"):
+        client.open({"seed": 9})
+    # the open sessions are unaffected, and a closed place can be taken again
+    assert exact([app.chunk.remote(sids[3], x_of(3, 0)).result()], 3)
+    app.close.remote(sids[0]).result()
+    sids[0] = app.open.remote({"seed": 0}).result()
+    for sid in sids:
+        app.close.remote(sid).result()
+
+
+def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app, via):
+    import ray
+
+    rs = _wait_all_up(app)
+    seeds = (11, 12, 13, 14)
+    sids = {s: via.open({"seed": s}) for s in seeds}
+    pins = {s: int(sids[s].split("-")[1] == rs[1]["incarnation"][:8]) for s in seeds}
+    assert sorted(pins.values()) == [0, 0, 1, 1]
+    got: dict[int, list] = {s: [] for s in seeds}
+    failed: dict[int, tuple[float, BaseException]] = {}
+    killed_at: list[float] = []
+
+    def client(s: int) -> None:  # a real-time client: one chunk every 50 ms
+        for i in range(60):
+            try:
+                got[s].append(via.chunk(sids[s], x_of(s, i)))
+            except BaseException as e:  # noqa: BLE001 - checked below
+                failed[s] = (time.time(), e)
+                return
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=client, args=(s,)) for s in seeds]
+    for th in threads:
+        th.start()
+    time.sleep(0.6)
+    victim = next(
+        n
+        for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
+        if "#replica_0#" in n
+    )
+    killed_at.append(time.time())
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    for th in threads:
+        th.join(60)
+    dead = {s for s in seeds if pins[s] == 0}
+    assert set(failed) == dead, {s: repr(e) for s, (_, e) in failed.items()}
+    for s in dead:
+        at, e = failed[s]
+        assert isinstance(e, SessionLost) and "replica 0" in str(e)
+        assert (
+            at - killed_at[0] < 2.0
+        ), f"session {s} learned of the death after {at - killed_at[0]:.2f} s"
+        assert exact(got[s], s)  # every chunk it did get was right
+        with pytest.raises(SessionLost):
+            via.chunk(sids[s], x_of(s, 0))
+        via.close(sids[s])
+    for s in set(seeds) - dead:  # untouched: every chunk, every byte
+        assert len(got[s]) == 60 and exact(got[s], s)
+        via.close(sids[s])
+    # Serve replaces the replica; it comes up under a new incarnation and takes sessions
+    after = _wait_all_up(app, timeout_s=90)
+    assert after[0]["incarnation"] != rs[0]["incarnation"]
+    assert after[1]["incarnation"] == rs[1]["incarnation"]
+    fresh = [via.open({"seed": s}) for s in (21, 22)]
+    assert {f.split("-")[1] for f in fresh} == {r["incarnation"][:8] for r in after}
+    for f, s in zip(fresh, (21, 22)):  # on the replacement and on the survivor
+        assert exact([via.chunk(f, x_of(s, 0))], s)
+    for f in fresh:
+        via.close(f)
+
+
+def test_websocket_session_streams_exact_pcm(app):
+    import json
+
+    from websockets.sync.client import connect
+
+    _wait_all_up(app)
+    got = []
+    with connect(f"ws://127.0.0.1:{HTTP['port']}/sessions", open_timeout=30) as ws:
+        ws.send(json.dumps({"open": {"seed": 5}}))
+        assert "session" in json.loads(ws.recv(timeout=30))
+        for i in range(4):
+            if i == 2:
+                ws.send(json.dumps({"reset": True}))
+                assert json.loads(ws.recv(timeout=30)) == {"ok": True}
+            ws.send(json.dumps({"chunk": x_of(5, i).tolist()}))
+            got.append(np.frombuffer(ws.recv(timeout=30), dtype=np.float32))
+        ws.send(json.dumps({"what": 1}))
+        assert json.loads(ws.recv(timeout=30))["error"] == "ValueError"
+    assert exact(got, 5, reset_at=(2,))
+    t = time.time()  # the session closes with the connection
+    while _replicas(app)[0]["open"] + _replicas(app)[1]["open"] and time.time() - t < 10:
+        time.sleep(0.1)
+    assert sum(r["open"] for r in _replicas(app)) == 0
