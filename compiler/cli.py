@@ -264,7 +264,7 @@ def cmd_verify(args) -> int:
 
     The runtime is imported here, not at module import: check, compile and plan work
     without torch, and the compiler depends on the runtime only for this command."""
-    from duplexcadence.compiler.loader import LoadError, load_adapter
+    from duplexcadence.compiler.loader import LoadError, forget, load_adapter
     from duplexcadence.runtime.verify import verify_stream
 
     if args.chunks < 1:
@@ -283,10 +283,14 @@ def cmd_verify(args) -> int:
         if args.format == "json":
             print(_document("verify", [entry]))
         return 1
-    spec = _load_user_stream(args.stream)
-    verdict = verify_stream(
-        adapter.bind, spec, args.chunks, device=args.device, backend=args.backend
-    )
+    try:
+        spec = _load_user_stream(args.stream)
+        verdict = verify_stream(
+            adapter.bind, spec, args.chunks, device=args.device, backend=args.backend
+        )
+    finally:
+        if compiled is not None:  # the package compiled here: its temporary folder goes
+            forget(adapter)
     entry.update(ok=verdict.ok, verify=verdict.to_json())
     if args.format == "json":
         print(_document("verify", [entry]))

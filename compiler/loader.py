@@ -4,7 +4,9 @@ Contract of this layer: tools that run a contract against a model (`clockc verif
 the fuzzer's bind property) need the generated package as an imported module
 without writing into the project. ``import_generated(files)`` imports the text of a
 package ``compile_source`` produced from a fresh temporary folder under a fresh
-module name (so two versions of one contract never share ``sys.modules``);
+module name (so two versions of one contract never share ``sys.modules``), and the
+folder lives as long as the module: ``forget(module)`` removes it, and so does the
+interpreter's exit (the files stay readable for tracebacks while the module is used);
 ``load_adapter(target)`` takes what a user names on the command line: a ``.clock``
 file (compiled here), a folder holding a generated package, or an importable
 package name (``myapp.adapters.tiny``).
@@ -23,6 +25,7 @@ from types import ModuleType
 from duplexcadence.compiler.driver import Result, read_and_compile
 
 _COUNTER = itertools.count()
+_TEMPORARY_HOMES: dict[str, tempfile.TemporaryDirectory] = {}  # module name -> its folder
 
 
 class LoadError(Exception):
@@ -32,18 +35,30 @@ class LoadError(Exception):
 def import_generated(files: dict[str, str], prefix: str = "clockc_pkg") -> ModuleType:
     """Import a generated package's files from a temporary folder under a fresh name."""
     name = f"{prefix}_{next(_COUNTER)}"
-    folder = Path(tempfile.mkdtemp(prefix="clockc_")) / name
+    # TemporaryDirectory's finalizer removes the folder at exit if forget() never runs
+    home = tempfile.TemporaryDirectory(prefix="clockc_")
+    folder = Path(home.name) / name
     folder.mkdir()
     for file_name, source in files.items():
         (folder / file_name).write_text(source)
-    return _import_folder(folder, name)
+    try:
+        module = _import_folder(folder, name)
+    except BaseException:
+        home.cleanup()
+        raise
+    _TEMPORARY_HOMES[name] = home
+    return module
 
 
 def forget(module: ModuleType) -> None:
-    """Drop an imported package and its submodules from ``sys.modules``."""
+    """Drop an imported package and its submodules from ``sys.modules``, and its
+    temporary folder where ``import_generated`` made one."""
     name = module.__name__
     for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
         del sys.modules[key]
+    home = _TEMPORARY_HOMES.pop(name, None)
+    if home is not None:
+        home.cleanup()
 
 
 def _import_folder(folder: Path, name: str) -> ModuleType:

@@ -5,12 +5,15 @@ matched by the callable's real signature. The model is tests/tiny_stream_model.p
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 import tiny_stream_model as tiny
-from duplexcadence.compiler import cli
+from duplexcadence.compiler import cli, loader
 from duplexcadence.runtime import ExactShapeReplay, FakeGraphBackend
 from duplexcadence.runtime.calls import CallConvention
 from duplexcadence.runtime.classes import CaptureClass, TensorSpec
@@ -244,6 +247,25 @@ def test_cli_verify_contract_errors_exit_1(contract_file, capsys):
 def test_cli_verify_refuses_a_target_that_is_no_adapter(capsys):
     rc = cli.main(["verify", "no_such_package_xyz", "--stream", "a:b"])
     assert rc == 2 and "not a .clock file" in capsys.readouterr().err
+
+
+def test_cli_verify_leaves_no_temporary_package_behind(contract_file, capsys, monkeypatch, tmp_path):
+    # the compiled package is imported from a temporary folder: verify removes it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = contract_file(tiny.CONTRACT)
+    rc = cli.main(["verify", path, "--stream", "tiny_stream_model:short_chunk_stream"])
+    assert rc == 0, capsys.readouterr().out
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not [m for m in sys.modules if m.startswith("clockc_tiny_stream")]
+
+
+def test_a_forgotten_generated_package_takes_its_folder_along():
+    module = tiny.adapter()
+    folder = Path(module.__file__).parent
+    assert (folder / "__init__.py").is_file()
+    loader.forget(module)
+    assert not folder.parent.exists() and module.__name__ not in sys.modules
 
 
 # ------------------------------------------------------------------------ GPU
