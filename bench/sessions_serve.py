@@ -140,6 +140,17 @@ class RayServer:
         via = "ingress" if self.via_ingress else "client"
         return {"config": vars(self.config), "via": via, **self.client.stats()}
 
+    def reset_peak_memory(self) -> None:
+        self.handle.reset_peak_memory.remote().result()
+
+    def peak_mib(self) -> float | None:
+        """The replicas' device peaks since ``reset_peak_memory()``, summed; None on a
+        CPU or where a replica gave none (it died in the window)."""
+        memory = [
+            (r.get("server") or {}).get("device_memory") for r in self.client.stats()["replicas"]
+        ]
+        return None if not memory or None in memory else sum(m["peak_mib"] for m in memory)
+
 
 def server(arm: Arm, device: Any) -> Any:
     return RayServer(arm, device) if "gpus" in arm.options else T2W.server(arm, device)

@@ -262,3 +262,10 @@ def test_websocket_session_streams_exact_pcm(app):
     while _replicas(app)[0]["open"] + _replicas(app)[1]["open"] and time.time() - t < 10:
         time.sleep(0.1)
     assert sum(r["open"] for r in _replicas(app)) == 0
+
+
+def test_replicas_device_memory_through_the_ingress(app):
+    # a CPU replica counts no device memory; the window reset reaches every replica
+    _wait_all_up(app)
+    app.reset_peak_memory.remote().result()
+    assert [r["server"]["device_memory"] for r in _replicas(app)] == [None, None]

@@ -72,6 +72,17 @@ def test_paced_clients_keep_time_and_bytes():
         assert p.hashes.record() == a.hashes.record()  # interleaving changes no byte
 
 
+def test_the_peak_is_the_servers_where_its_memory_lives_elsewhere():
+    from bench.cadence.serve import run_peak_mib
+
+    class RayLike:  # replicas in other processes: the worker's own counters read 0
+        def peak_mib(self):
+            return 512.0
+
+    assert run_peak_mib(RayLike(), torch.device("cpu")) == 512.0
+    assert run_peak_mib(object(), torch.device("cpu")) is None
+
+
 def test_order_puts_the_headline_first():
     plan = sweep.order({"a": [1, 4, 16, 24, 32], "b": [8, 16, 36]})
     assert plan[:2] == [("a", 16), ("b", 16)]

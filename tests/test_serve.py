@@ -111,6 +111,24 @@ def test_replica_server_refuses_over_capacity_and_stale_incarnations(monkeypatch
     with pytest.raises(SessionUnknown, match=f"no open session {b}"):
         r.step(r.incarnation, b, x_of(2, 0))
     assert r.headroom() == 1 and r.stats()["refused"] == 1
+    assert r.stats()["device_memory"] is None  # a CPU replica has no device count
+
+
+@pytest.mark.cuda
+def test_a_cuda_replica_reports_its_device_memory(monkeypatch):
+    import torch
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    r = ReplicaServer(TOY, device="cuda")
+    sid = r.open({"seed": 1})
+    r.step(r.incarnation, sid, x_of(1, 0))
+    spike = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    del spike
+    before = r.stats()["device_memory"]
+    assert before["peak_mib"] >= before["allocated_mib"] + 64 > 64
+    r.reset_peak_memory()
+    after = r.stats()["device_memory"]
+    assert after["peak_mib"] == after["allocated_mib"] < before["peak_mib"]
 
 
 def test_served_model_targets_are_checked(monkeypatch):

@@ -103,6 +103,8 @@ def serve(wl: Any, args: Any, specs: list[SessionSpec], result: dict) -> None:
         if cuda:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
+        if hasattr(server, "peak_mib"):  # the memory lives in the server's processes
+            server.reset_peak_memory()
         t0 = barrier(args.ready, args.go, args.barrier_timeout)
         clients = [Client(server, s, wl.streams, t0) for s in specs]
         window = [time.time() + (t0 - time.perf_counter()), None]
@@ -125,7 +127,7 @@ def serve(wl: Any, args: Any, specs: list[SessionSpec], result: dict) -> None:
         chunks={k: [round(r[i], 3) if i >= 3 else r[i] for r in rows] for i, k in enumerate(keys)},
         hashes={c.spec.index: c.hashes.record() for c in clients if not c.error},
         open_ms={c.spec.index: c.open_ms for c in clients},
-        peak_mib=torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
+        peak_mib=run_peak_mib(server, device),
         server=getattr(server, "stats", dict)(),
         status="error" if errors else "ok",
     )
@@ -138,3 +140,13 @@ def worker_main(wl: Any, args: Any, specs: list[SessionSpec]) -> dict:
     result: dict[str, Any] = {"arm": args.arm, "sessions": [s.index for s in specs]}
     result.update(status="error", pid=os.getpid(), unpaced=args.unpaced)
     return print_result_line(lambda r: serve(wl, args, specs, r), result)
+
+
+def run_peak_mib(server: Any, device: Any) -> float | None:
+    """The run's device peak: the server's own count where it has one (its memory lives
+    in other processes), else this process's."""
+    import torch
+
+    if hasattr(server, "peak_mib"):
+        return server.peak_mib()
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

@@ -42,7 +42,10 @@ class Server(Protocol):
     (synchronise before returning); ``reset(handle)`` starts a new turn in place;
     ``close(handle)``. With the ``inproc`` shape these are called from one client thread
     per session at once: the server serialises them or runs them on lanes. ``stats()``
-    (optional) is recorded with the run (lanes, capture seconds, ...)."""
+    (optional) is recorded with the run (lanes, capture seconds, ...). A server whose
+    device memory lives in other processes (a Ray replica's) has ``reset_peak_memory()``
+    and ``peak_mib()`` (both optional): the run's peak is then its count, not the
+    worker's."""
 
     def open(self, spec: SessionSpec) -> Any: ...
 

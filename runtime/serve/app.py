@@ -93,6 +93,9 @@ class Replica:
     async def stats(self) -> dict:
         return self.server.stats()
 
+    async def reset_peak_memory(self) -> None:
+        await self._call(self.server.reset_peak_memory)
+
     async def watch(self, period_s: float) -> AsyncIterator[dict]:
         """The heartbeat stream: the ingress learns the replica's incarnation here and
         learns its death when Ray ends this stream with an error."""
@@ -261,6 +264,13 @@ class Ingress:
                 except Exception as e:  # noqa: BLE001 - a dying replica has no stats
                     r["server"] = {"error": f"{type(e).__name__}"}
         return out
+
+    async def reset_peak_memory(self) -> None:
+        """Every live replica's device-memory peak starts over (a measured window's
+        start: ``stats()`` then reports each replica's peak within the window)."""
+        await self._ready()
+        up = [r["index"] for r in self.table.stats()["replicas"] if r["up"]]
+        await asyncio.gather(*(self.replicas[i].reset_peak_memory.remote() for i in up))
 
     # ---------------------------------------------------------------- HTTP
     @http.websocket("/sessions")

@@ -110,4 +110,25 @@ class ReplicaServer:
             "capacity": self.config.max_sessions,
             "refused": self.refused,
             "pool": self.pool.stats(),
+            "device_memory": self.device_memory(),
         }
+
+    def device_memory(self) -> dict | None:
+        """This replica's device memory in MiB (None on a CPU): allocated now, the most
+        allocated since ``reset_peak_memory()`` (or since start), and what the caching
+        allocator reserves. Only the replica's process sees it: a client's own
+        ``torch.cuda`` counters read 0 for memory that lives here."""
+        if self.device.type != "cuda":
+            return None
+        mib = 2**20
+        return {
+            "allocated_mib": torch.cuda.memory_allocated(self.device) / mib,
+            "peak_mib": torch.cuda.max_memory_allocated(self.device) / mib,
+            "reserved_mib": torch.cuda.memory_reserved(self.device) / mib,
+        }
+
+    def reset_peak_memory(self) -> None:
+        """Start ``device_memory()["peak_mib"]`` over from what is allocated now."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
