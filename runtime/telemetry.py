@@ -66,13 +66,9 @@ def merge_lane_stats(per_lane: list[dict]) -> dict:
 
 
 def format_report(items: Iterable[object], width: int = 120) -> str:
-    """Render replays and regions (anything with ``.stats()``) as text tables."""
-    from rich import box
+    """Render replays and regions (anything with ``.stats()``) as text tables: one of
+    the replays, one of each replay's classes, one of the regions."""
     from rich.console import Console
-    from rich.table import Table
-
-    def table(title: str) -> Table:  # ASCII borders paste cleanly into CI logs
-        return Table(title=title, box=box.ASCII2)
 
     stats = [it.stats() if hasattr(it, "stats") else dict(it) for it in items]  # type: ignore[arg-type]
     replays = [s for s in stats if s.get("kind") == "replay"]
@@ -80,80 +76,87 @@ def format_report(items: Iterable[object], width: int = 120) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None, markup=False)
     if replays:
-        t = table("exact-shape replay")
-        for col in (
-            "callable",
-            "effect",
-            "classes",
-            "hits",
-            "misses",
-            "invalid.",
-            "capture s",
-            "capture alloc MiB",
-        ):
-            t.add_column(
-                col, justify="left" if col in ("callable", "effect", "misses") else "right"
-            )
+        console.print(_replay_table(replays))
         for s in replays:
-            misses = ", ".join(f"{k}={v}" for k, v in sorted(s["misses"].items())) or "0"
-            captured = sum(1 for c in s["classes"] if c["status"] == "captured")
-            t.add_row(
-                s["name"],
-                s["effect"] + (f" (rejected: {s['rejected']})" if s["rejected"] else ""),
-                f"{captured}/{len(s['classes'])}",
-                str(s["hits"]),
-                misses,
-                str(s["invalidations"]),
-                f"{s['capture_s']:.3f}",
-                # allocated, not reserved: the caching allocator may release other
-                # blocks while capturing, which makes a reserved delta negative
-                _mib(s["capture_allocated_bytes"]),
-            )
-        console.print(t)
-        for s in replays:
-            if not s["classes"]:
-                continue
-            ct = table(f"{s['name']}: classes")
-            for col in ("class", "status", "hits", "capture s", "alloc MiB", "reserved MiB"):
-                ct.add_column(col, justify="left" if col in ("class", "status") else "right")
-            for c in s["classes"]:
-                ct.add_row(
-                    c["name"],
-                    c["status"],
-                    str(c["hits"]),
-                    f"{c['capture_s']:.3f}",
-                    _mib(c["allocated_bytes"]),
-                    _mib(c["reserved_bytes"]),
-                )
-            console.print(ct)
+            if s["classes"]:
+                console.print(_class_table(s))
     if regions:
-        rt = table("regions")
-        for col in (
-            "region",
-            "shape",
-            "dtype",
-            "MiB",
-            "retention",
-            "retains",
-            "adoptions",
-            "audit div.",
-        ):
-            rt.add_column(
-                col, justify="left" if col in ("region", "shape", "dtype", "retention") else "right"
-            )
-        for s in regions:
-            rt.add_row(
-                s["name"],
-                "x".join(map(str, s["shape"])),
-                s["dtype"],
-                _mib(s["nbytes"]),
-                s.get("retention", "-"),
-                str(s.get("retains", "-")),
-                str(s.get("adoptions", "-")),
-                "-" if not s.get("audit") else str(s["audit_divergences"]),
-            )
-        console.print(rt)
+        console.print(_region_table(regions))
     return buf.getvalue()
+
+
+def _table(title: str, columns: str, left: str):
+    """A table with ASCII borders (they paste cleanly into CI logs); the columns named
+    in ``left`` (``|``-separated, as ``columns``) are left-aligned, the others right."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, box=box.ASCII2)
+    for col in columns.split("|"):
+        t.add_column(col, justify="left" if col in left.split("|") else "right")
+    return t
+
+
+def _replay_table(replays: list[dict]):
+    t = _table(
+        "exact-shape replay",
+        "callable|effect|classes|hits|misses|invalid.|capture s|capture alloc MiB",
+        left="callable|effect|misses",
+    )
+    for s in replays:
+        misses = ", ".join(f"{k}={v}" for k, v in sorted(s["misses"].items())) or "0"
+        captured = sum(1 for c in s["classes"] if c["status"] == "captured")
+        t.add_row(
+            s["name"],
+            s["effect"] + (f" (rejected: {s['rejected']})" if s["rejected"] else ""),
+            f"{captured}/{len(s['classes'])}",
+            str(s["hits"]),
+            misses,
+            str(s["invalidations"]),
+            f"{s['capture_s']:.3f}",
+            # allocated, not reserved: the caching allocator may release other blocks
+            # while capturing, which makes a reserved delta negative
+            _mib(s["capture_allocated_bytes"]),
+        )
+    return t
+
+
+def _class_table(replay: dict):
+    t = _table(
+        f"{replay['name']}: classes",
+        "class|status|hits|capture s|alloc MiB|reserved MiB",
+        left="class|status",
+    )
+    for c in replay["classes"]:
+        t.add_row(
+            c["name"],
+            c["status"],
+            str(c["hits"]),
+            f"{c['capture_s']:.3f}",
+            _mib(c["allocated_bytes"]),
+            _mib(c["reserved_bytes"]),
+        )
+    return t
+
+
+def _region_table(regions: list[dict]):
+    t = _table(
+        "regions",
+        "region|shape|dtype|MiB|retention|retains|adoptions|audit div.",
+        left="region|shape|dtype|retention",
+    )
+    for s in regions:
+        t.add_row(
+            s["name"],
+            "x".join(map(str, s["shape"])),
+            s["dtype"],
+            _mib(s["nbytes"]),
+            s.get("retention", "-"),
+            str(s.get("retains", "-")),
+            str(s.get("adoptions", "-")),
+            "-" if not s.get("audit") else str(s["audit_divergences"]),
+        )
+    return t
 
 
 def eager_by_design(callables: dict) -> bool:
