@@ -338,7 +338,8 @@ class Session(SessionState):
         self.turn_key: Any = None
         self.runs = 0
         self.closed = False
-        self._busy = threading.Lock()
+        self._busy = threading.Lock()  # held by the step in flight, and by close()
+        self._stepping: int | None = None  # the thread running this session's step
         self._pending_reset = False
         self._turn_start: _TurnStart | None = None
         self.shared: SharedState | None = None
@@ -358,12 +359,16 @@ class Session(SessionState):
                 f"{self.name} is already running a step: a session's steps are sequential"
             )
         try:
+            if self.closed:  # closed by another thread since the check above
+                raise SessionError(f"{self.name} is closed")
+            self._stepping = threading.get_ident()
             lane = self.pool._acquire()
             try:
                 return self._run_on(lane, fn, args, kwargs)
             finally:
                 self.pool._release(lane)
         finally:
+            self._stepping = None
             self._busy.release()
 
     def prime(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -422,12 +427,19 @@ class Session(SessionState):
 
     # ----------------------------------------------------------------- close
     def close(self) -> None:
-        """Release the session's state (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        self.storage.clear()
-        self._shared_snapshot = None
+        """Release the session's state (idempotent, from any thread). A step running on
+        another thread finishes first, with its answer (a client that hangs up mid-chunk
+        loses nothing it was owed); the step's own code may not close its session."""
+        if self._stepping == threading.get_ident():
+            raise SessionError(
+                f"{self.name}: close() called inside its own step; close it after run() returns"
+            )
+        with self._busy:
+            if self.closed:
+                return
+            self.closed = True
+            self.storage.clear()
+            self._shared_snapshot = None
         self.pool._forget(self)
 
     def nbytes(self) -> int:

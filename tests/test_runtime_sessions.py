@@ -160,6 +160,44 @@ def test_misuse_fails_with_clear_errors(served):
         pool.open(copy.copy(base), state=("__class__",))
 
 
+
+def test_close_during_a_step_waits_for_it_and_loses_nothing(served):
+    """A client that hangs up while its chunk runs (the WebSocket closes, the ingress
+    closes the session from another thread): the step finishes with its right answer,
+    then the state is released; closing from inside the step is refused, not a hang."""
+    base, binding = served
+    pool = binding.sessions(lanes=2, progress=False)
+    s = open_session(pool, base, 4)
+    first = s.run(s.obj.chunk, x_of(4, 0))
+    entered, release = threading.Event(), threading.Event()
+    out: list = []
+
+    def slow_chunk(x):
+        entered.set()
+        release.wait(5)
+        return s.obj.chunk(x)
+
+    t = threading.Thread(target=lambda: out.append(s.run(slow_chunk, x_of(4, 1))))
+    t.start()
+    entered.wait(5)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and not s.closed  # it waits for the step in flight
+    release.set()
+    t.join(5)
+    closer.join(5)
+    assert not closer.is_alive() and s.closed
+    assert all(torch.equal(a, b) for a, b in zip([first, *out], solo_stock(4, 2)))
+    assert s.storage == {} and pool.stats()["open"] == 0 and s.nbytes() == 0
+    with pytest.raises(SessionError, match="closed"):
+        s.run(s.obj.chunk, x_of(4, 2))
+    inner = open_session(pool, base, 5)
+    with pytest.raises(SessionError, match="inside its own step"):
+        inner.run(inner.close)
+    inner.close()
+    assert pool.stats()["open"] == 0
+
 def test_plain_binding_serves_threads_one_at_a_time():
     """Without sessions a binding is one stream: callers are serialised (no crash, no
     hang) and a single stream stays exact."""
