@@ -112,6 +112,9 @@ def test_replica_server_refuses_over_capacity_and_stale_incarnations(monkeypatch
         r.step(r.incarnation, b, x_of(2, 0))
     assert r.headroom() == 1 and r.stats()["refused"] == 1
     assert r.stats()["device_memory"] is None  # a CPU replica has no device count
+    with pytest.raises(TypeError, match="mapping of name to value, got list"):
+        r.open([("seed", 3)])
+    assert r.headroom() == 1  # a refused open holds no place
 
 
 @pytest.mark.cuda

@@ -54,6 +54,10 @@ class ReplicaServer:
     # ---------------------------------------------------------------- sessions
     def open(self, params: Mapping[str, Any]) -> int:
         """A new session for ``params``; its id on this replica."""
+        if not isinstance(params, Mapping):
+            raise TypeError(
+                f"session params must be a mapping of name to value, got {type(params).__name__}"
+            )
         with self._lock:
             if len(self._sessions) + self._opening >= self.config.max_sessions:
                 self.refused += 1
