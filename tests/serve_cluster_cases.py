@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toy_stream import solo_stock, x_of
+from serve_toy import TOY, exact
+from toy_stream import x_of
 
 from duplexcadence.runtime.serve import (
     Overloaded,
-    ServeConfig,
     SessionLost,
     SessionUnknown,
     ray_missing,
@@ -33,12 +33,6 @@ if ray_missing() is not None:
 
 TESTS = Path(__file__).resolve().parent
 HTTP: dict = {}  # the fixture's WebSocket port
-TOY = ServeConfig("serve_toy", "serve_toy:served", replicas=2, max_sessions=2)
-
-
-def exact(got: list, seed: int, reset_at: tuple[int, ...] = ()) -> bool:
-    want = solo_stock(seed, len(got), reset_at)
-    return all(np.array_equal(a, b.numpy()) for a, b in zip(got, want))
 
 
 @pytest.fixture(scope="module")
