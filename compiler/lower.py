@@ -21,6 +21,7 @@ from duplexcadence.compiler.lowered import (
     Counter,
     DictNode,
     FieldValue,
+    Fold,
     Leaf,
     LoweredCallable,
     LoweredContract,
@@ -309,7 +310,12 @@ def lower(
         for h in sorted(c.constants, key=lambda h: h.name)
     )
     params = lower_params(param_analysis)
-    imports, uses_torch = _imports(common, regions, callables, constants, params)
+    folds = tuple(
+        Fold(f.name, f.by, f.site.dotted())
+        for f in sorted(c.folds, key=lambda f: f.name)
+        if f.site is not None and f.by is not None  # (validation refuses the others)
+    )
+    imports, uses_torch = _imports(common, regions, callables, constants, params, folds)
     return LoweredContract(
         compiler_version=compiler_version,
         contract=c.name,
@@ -326,6 +332,7 @@ def lower(
         callables=callables,
         constants=constants,
         params=params,
+        folds=folds,
     )
 
 
@@ -343,7 +350,7 @@ def _nodes(catalog: Catalog):
             yield n
 
 
-def _imports(common, regions, callables, constants, params) -> tuple[tuple[str, ...], bool]:
+def _imports(common, regions, callables, constants, params, folds) -> tuple[tuple[str, ...], bool]:
     """The runtime names contract.py uses, and whether it uses torch (generated code
     imports only what it uses)."""
     used = {"CallableDecl", "ContractDecl", "Effect", "RegionTable"}
@@ -354,6 +361,8 @@ def _imports(common, regions, callables, constants, params) -> tuple[tuple[str, 
         used.add("ConstantDecl")
     if params:
         used.add("ParamDecl")
+    if folds:
+        used.add("FoldDecl")
     for k in callables:
         if k.catalog is not None:
             used.add("CatalogDecl")

@@ -150,6 +150,15 @@ class Constant:
 
 
 @dataclass(frozen=True)
+class Fold:
+    """`FoldDecl(name, by, site=)`: weights folded once at bind (runtime/folds.py)."""
+
+    name: str
+    by: str
+    site: str
+
+
+@dataclass(frozen=True)
 class Param:
     """A session parameter's domain: `ParamDecl(name, lo=, hi=, default=, capture=, hold=)`."""
 
@@ -177,6 +186,7 @@ class LoweredContract:
     callables: tuple[LoweredCallable, ...]
     constants: tuple[Constant, ...]
     params: tuple[Param, ...] = ()  # session parameters, if the contract declares any
+    folds: tuple[Fold, ...] = ()  # weights folded at bind, if the contract declares any
 
     def context(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

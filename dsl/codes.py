@@ -161,7 +161,7 @@ _CODES = [
         "CLK025",
         "error",
         "missing property",
-        "A region needs dtype and dims; a callable and a bound constant need a site; `allocate stock` needs a site and stock dims.",
+        "A region needs dtype and dims; a callable and a bound constant need a site; `allocate stock` needs a site and stock dims; a fold needs a site and `by` (what it folds, e.g. `by weight_norm`).",
     ),
     Code(
         "CLK026", "error", "declared twice", "A property or a top-level header is declared twice."
@@ -269,7 +269,7 @@ _CODES = [
         "CLK051",
         "error",
         "conflicting sites",
-        "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter).",
+        "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter); or two folds name one module, or one inside the other.",
     ),
     Code(
         "CLK055",

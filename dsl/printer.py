@@ -144,6 +144,17 @@ def _constant(h: ir.HostConstant) -> list[str]:
     return out + ["}"]
 
 
+def _fold(f: ir.Fold) -> list[str]:
+    out = [f"fold {f.name} {{"]
+    if f.site:
+        out.append(f"  site {path(f.site)}")
+    if f.by:
+        out.append(f"  by {f.by}")
+    if f.note is not None:
+        out.append(f'  note "{f.note}"')
+    return out + ["}"]
+
+
 def _param(p: ir.Param) -> str:
     text = f"param {p.name} in {p.lo}..{p.hi}" + (f" {p.unit}" if p.unit else "")
     if p.default is not None:
@@ -178,4 +189,6 @@ def print_contract(c: ir.Contract) -> str:
         lines.extend(_callable(k))
     for h in c.constants:
         lines.extend(_constant(h))
+    for f in c.folds:
+        lines.extend(_fold(f))
     return "\n".join(lines) + "\n"

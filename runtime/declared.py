@@ -158,6 +158,18 @@ class ConstantDecl:
 
 
 @dataclass(frozen=True)
+class FoldDecl:
+    """Fold the weights of every module under ``site`` once at bind (folds.py)."""
+
+    name: str
+    by: Literal["weight_norm"]
+    site: tuple[Step, ...]
+
+    def __post_init__(self) -> None:
+        _normalise(self, site=_steps(self.site))
+
+
+@dataclass(frozen=True)
 class ContractDecl:
     name: str
     target: str | None
@@ -167,6 +179,7 @@ class ContractDecl:
     callables: tuple[CallableDecl, ...]
     constants: tuple[ConstantDecl, ...] = ()
     params: tuple[ParamDecl, ...] = ()  # values each session binds (params.py)
+    folds: tuple[FoldDecl, ...] = ()  # weights folded once at bind (folds.py)
 
     def __post_init__(self) -> None:
         _normalise(self, regions=dict(self.regions))  # a RegionTable as the dict it stands for
@@ -191,6 +204,8 @@ class ContractDecl:
         for c in self.constants:
             if c.site is not None and c.install == "device_buffer":
                 out[c.name] = c.site
+        for f in self.folds:
+            out[f.name] = f.site
         return out
 
 
