@@ -124,6 +124,35 @@ def test_contract_bytes_per_session_match_the_stock_state(vae) -> None:
     assert abs(declared - measured) <= 0.05 * measured, (declared, measured)
 
 
+@pytest.mark.cuda
+def test_on_cuda_the_folded_decoder_replays_exactly_and_frees_its_originals() -> None:
+    """Real CUDA graphs over the folded decoder: every chunk replays, the PCM equals the
+    unfolded stock's (both under the contract's cuDNN settings), and the 45 convs' g and
+    v leave the device (about the decoder's 175 MiB of parameters)."""
+    vae = W.build_vae(SEED, "cuda")
+    latents = W.latent_stream(SEED, N_CHUNKS)
+    flags = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        stock = W.run_stream(vae, latents)
+        originals = sum(
+            p.nbytes for n, p in vae.decoder.named_parameters() if n.endswith(("_g", "_v"))
+        )
+        with W.StockStream(vae) as stream:
+            binding = W.bind_adapter(stream, "cuda")
+            folds = binding.stats()["folds"]["decoder_weight_norm"]
+            assert folds["modules"] == 45 and folds["device_bytes_freed"] == originals
+            assert all(p.device.type == "cuda" for p in vae.decoder.parameters())
+            pcm = [stream.stream_chunk(z) for z in latents]
+            stats = binding.stats()["callables"]["decode"]
+            assert stats["hits"] == N_CHUNKS and stats["misses"] == {}
+            binding.unbind()
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags
+    for i, (a, b) in enumerate(zip(pcm, stock)):
+        assert np.array_equal(a, b), f"chunk {i} differs"
+
+
 def _weight_norm_hooks(module: torch.nn.Module) -> list:
     from torch.nn.utils.weight_norm import WeightNorm
 
