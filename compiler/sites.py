@@ -149,6 +149,22 @@ def _conflicts(bound: list[tuple[str, ir.Path]]) -> list[Diagnostic]:
     return found
 
 
+def _folds_in_bound(c: ir.Contract) -> list[Diagnostic]:
+    """A fold's site at or inside a bound site: bind() never resolves through what a
+    bound site holds (bound sites inside a fold's module are fine)."""
+    bound: dict[Key, str] = {}
+    for what, path in _bound_sites(c):
+        bound.setdefault(_key(path), what)
+    found = []
+    for what, path in _fold_sites(c):
+        key = _key(path)
+        owner = next((bound[key[:n]] for n in range(1, len(key) + 1) if key[:n] in bound), None)
+        if owner is not None:
+            message = f"{what} at '{path.dotted()}' lies at or inside the site of {owner}"
+            found.append(error("CLK051", message, path.span))
+    return found
+
+
 def _argument_paths(c: ir.Contract) -> list[Diagnostic]:
     found = []
     for k in c.callables:
@@ -218,5 +234,5 @@ def _identity_keys(c: ir.Contract) -> list[Diagnostic]:
 
 
 def check_sites(c: ir.Contract) -> list[Diagnostic]:
-    conflicts = _conflicts(_bound_sites(c)) + _conflicts(_fold_sites(c))
+    conflicts = _conflicts(_bound_sites(c)) + _conflicts(_fold_sites(c)) + _folds_in_bound(c)
     return _segment_problems(c) + conflicts + _argument_paths(c) + _identity_keys(c)

@@ -60,6 +60,8 @@ def test_fold_sites_are_checked_like_other_sites() -> None:
     assert codes(HEAD + FOLD.replace("vae.decoder", "s[id(vae.decoder)]")) == [("CLK055", 9)]
     # a fold changes weights, not the attribute a site names: a callable inside it is fine
     assert codes(HEAD + FOLD.replace("vae.decoder", "vae")) == []
+    # but bind() never resolves through what a bound site holds (here a callable)
+    assert codes(HEAD + FOLD.replace("vae.decoder", "vae.decode")) == [("CLK051", 9)]
 
 
 def test_the_generated_contract_declares_its_folds() -> None:
