@@ -65,6 +65,10 @@ def _new_style_names(module: torch.nn.Module, where: str) -> list[str]:
     return normed
 
 
+def _device_bytes(t: torch.Tensor) -> int:
+    return t.nbytes if t.device.type != HOST.type else 0
+
+
 def _host(p: torch.nn.Parameter) -> torch.device:
     """Move ``p``'s data to the host (the Parameter object stays); its old device."""
     device = p.device
@@ -96,6 +100,10 @@ class _FoldedModule:
     hook_params: dict[str, torch.nn.Parameter] = field(default_factory=dict)  # old style
     cls: type | None = None  # new style: the parametrized class
     parametrizations: Any = None  # new style: the ModuleDict
+    # device bytes: what the stock kept there that the fold dropped (the originals, and
+    # the weight the old hook keeps as an attribute), and the folded weights it added
+    dropped: int = 0
+    added: int = 0
 
     def restore(self) -> None:
         m = self.module
@@ -134,15 +142,18 @@ def _fold_module(m: torch.nn.Module, normed: list[str]) -> _FoldedModule:
         del m._forward_pre_hooks[key]
         for name in (f"{hook.name}_g", f"{hook.name}_v"):
             record.hook_params[name] = m._parameters.pop(name)
+        record.dropped += _device_bytes(getattr(m, hook.name))
         delattr(m, hook.name)  # the plain tensor the hook set
     if normed:
         record.cls, record.parametrizations = type(m), m._modules.pop("parametrizations")
         m.__class__ = record.cls.__bases__[0]  # as remove_parametrizations() does
     originals = list(record.hook_params.values())
     originals += [p for name in normed for p in record.parametrizations[name].parameters()]
+    record.dropped += sum(_device_bytes(p) for p in originals)
     record.originals = [(p, _host(p)) for p in originals]
     for name, w in weights.items():
         m.register_parameter(name, torch.nn.Parameter(w, requires_grad=requires_grad[name]))
+        record.added += _device_bytes(w)
         record.names.append(name)
     return record
 
@@ -154,6 +165,10 @@ class FoldedSite:
     name: str
     site: str
     modules: list[_FoldedModule]
+    # net: the originals (and old-style cached weights) dropped from the device, less
+    # the folded weights installed there; 0 on the host. A new-style weight norm keeps
+    # no weight between calls, so its net is about g alone: its gain is the kernels
+    # (and, inside a captured graph, the pool memory) of the per-call recomputation.
     device_bytes_freed: int
     host_bytes_kept: int
 
@@ -168,7 +183,7 @@ class FoldedSite:
         mib = self.device_bytes_freed / 2**20
         return (
             f"  fold {self.name}: weight norm folded in {len(self.modules)} modules under "
-            f"{self.site}, {mib:.1f} MiB of originals moved off the device"
+            f"{self.site}, {mib:.1f} MiB freed on the device"
         )
 
     def restore(self) -> None:
@@ -216,16 +231,13 @@ def apply_folds(plan: FoldPlan) -> list[FoldedSite]:
     out = []
     for f, site, found in plan.folds:
         records = [_fold_module(m, normed) for m, normed in found]
-        originals = [(p, device) for r in records for p, device in r.originals]
         out.append(
             FoldedSite(
                 f.name,
                 site,
                 records,
-                device_bytes_freed=sum(
-                    p.nbytes for p, device in originals if device.type != HOST.type
-                ),
-                host_bytes_kept=sum(p.nbytes for p, _ in originals),
+                device_bytes_freed=sum(r.dropped - r.added for r in records),
+                host_bytes_kept=sum(p.nbytes for r in records for p, _ in r.originals),
             )
         )
     return out

@@ -141,6 +141,7 @@ def test_on_cuda_the_folded_decoder_replays_exactly_and_frees_its_originals() ->
         with W.StockStream(vae) as stream:
             binding = W.bind_adapter(stream, "cuda")
             folds = binding.stats()["folds"]["decoder_weight_norm"]
+            # g and v leave; the weight each hook kept becomes the parameter
             assert folds["modules"] == 45 and folds["device_bytes_freed"] == originals
             assert all(p.device.type == "cuda" for p in vae.decoder.parameters())
             pcm = [stream.stream_chunk(z) for z in latents]
