@@ -187,10 +187,8 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         retains=tuple(
             Retains(r.region, _after_root(r.source).removeprefix(".")) for r in k.retains
         ),
+        # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
-        # stock code rebinds these attributes every call: copy the new value in, put
-        # the pinned tensor back (inside a capture, the copy is part of the graph)
-        pins=tuple(w for w in k.writes if regions[w].address == "pinned"),
         counters=tuple(Counter(n.site.dotted(), n.advances, n.start) for n in k.counters),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
     )

@@ -118,7 +118,6 @@ class LoweredCallable:
     layout_free: tuple[tuple[str, str], ...]
     retains: tuple[Retains, ...]
     writes: tuple[str, ...]  # write-through regions with a site (pointer-checked)
-    pins: tuple[str, ...]  # pinned regions the stock code rebinds every call
     counters: tuple[Counter, ...]
     catalog: Catalog | None  # None when left eager
 

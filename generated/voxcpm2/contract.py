@@ -212,43 +212,13 @@ CALLABLES = (
             "up6_res9",
             "out_pad",
         ),
-        pins=(
-            "in_pad",
-            "up1_ctx",
-            "up1_res1",
-            "up1_res3",
-            "up1_res9",
-            "up2_ctx",
-            "up2_res1",
-            "up2_res3",
-            "up2_res9",
-            "up3_ctx",
-            "up3_res1",
-            "up3_res3",
-            "up3_res9",
-            "up4_ctx",
-            "up4_res1",
-            "up4_res3",
-            "up4_res9",
-            "up5_ctx",
-            "up5_res1",
-            "up5_res3",
-            "up5_res9",
-            "up6_ctx",
-            "up6_res1",
-            "up6_res3",
-            "up6_res9",
-            "out_pad",
-        ),
     ),
 )
 
 # Host-rebuilt constants: device buffers, or served from device buffers at capture.
 CONSTANTS = (ConstantDecl("sr_cond", "hoisted", site="vae"),)
 
-# Weights the stock forward recomputes every call from fixed parameters, folded once at
-# bind: each module under the site gets its weight as a parameter, computed by the very
-# function the stock calls per forward (runtime/folds.py).
+# Weights the stock recomputes every forward, computed once at bind instead (folds.py).
 FOLDS = (FoldDecl("decoder_weight_norm", "weight_norm", site="vae.decoder"),)
 
 DECLARED = ContractDecl(
