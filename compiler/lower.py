@@ -21,6 +21,7 @@ from duplexcadence.compiler.lowered import (
     Counter,
     DictNode,
     FieldValue,
+    Fold,
     Leaf,
     LoweredCallable,
     LoweredContract,
@@ -186,10 +187,8 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         retains=tuple(
             Retains(r.region, _after_root(r.source).removeprefix(".")) for r in k.retains
         ),
+        # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
-        # stock code rebinds these attributes every call: copy the new value in, put
-        # the pinned tensor back (inside a capture, the copy is part of the graph)
-        pins=tuple(w for w in k.writes if regions[w].address == "pinned"),
         counters=tuple(Counter(n.site.dotted(), n.advances, n.start) for n in k.counters),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
     )
@@ -309,7 +308,12 @@ def lower(
         for h in sorted(c.constants, key=lambda h: h.name)
     )
     params = lower_params(param_analysis)
-    imports, uses_torch = _imports(common, regions, callables, constants, params)
+    folds = tuple(
+        Fold(f.name, f.by, f.site.dotted())
+        for f in sorted(c.folds, key=lambda f: f.name)
+        if f.site is not None and f.by is not None  # (validation refuses the others)
+    )
+    imports, uses_torch = _imports(common, regions, callables, constants, params, folds)
     return LoweredContract(
         compiler_version=compiler_version,
         contract=c.name,
@@ -326,6 +330,7 @@ def lower(
         callables=callables,
         constants=constants,
         params=params,
+        folds=folds,
     )
 
 
@@ -343,7 +348,7 @@ def _nodes(catalog: Catalog):
             yield n
 
 
-def _imports(common, regions, callables, constants, params) -> tuple[tuple[str, ...], bool]:
+def _imports(common, regions, callables, constants, params, folds) -> tuple[tuple[str, ...], bool]:
     """The runtime names contract.py uses, and whether it uses torch (generated code
     imports only what it uses)."""
     used = {"CallableDecl", "ContractDecl", "Effect", "RegionTable"}
@@ -354,6 +359,8 @@ def _imports(common, regions, callables, constants, params) -> tuple[tuple[str, 
         used.add("ConstantDecl")
     if params:
         used.add("ParamDecl")
+    if folds:
+        used.add("FoldDecl")
     for k in callables:
         if k.catalog is not None:
             used.add("CatalogDecl")

@@ -118,7 +118,6 @@ class LoweredCallable:
     layout_free: tuple[tuple[str, str], ...]
     retains: tuple[Retains, ...]
     writes: tuple[str, ...]  # write-through regions with a site (pointer-checked)
-    pins: tuple[str, ...]  # pinned regions the stock code rebinds every call
     counters: tuple[Counter, ...]
     catalog: Catalog | None  # None when left eager
 
@@ -150,6 +149,15 @@ class Constant:
 
 
 @dataclass(frozen=True)
+class Fold:
+    """`FoldDecl(name, by, site=)`: weights folded once at bind (runtime/folds.py)."""
+
+    name: str
+    by: str
+    site: str
+
+
+@dataclass(frozen=True)
 class Param:
     """A session parameter's domain: `ParamDecl(name, lo=, hi=, default=, capture=, hold=)`."""
 
@@ -177,6 +185,7 @@ class LoweredContract:
     callables: tuple[LoweredCallable, ...]
     constants: tuple[Constant, ...]
     params: tuple[Param, ...] = ()  # session parameters, if the contract declares any
+    folds: tuple[Fold, ...] = ()  # weights folded at bind, if the contract declares any
 
     def context(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

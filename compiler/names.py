@@ -1,6 +1,6 @@
 """Which contract names may reach generated Python (CLK017).
 
-Generated code is data (runtime/declared.py): region, callable and constant names reach
+Generated code is data (runtime/declared.py): region, callable, constant and fold names reach
 it only as string keys, never as identifiers, so no contract name can shadow anything
 there. Names that *are* the generated module's own identifiers, and Python keywords,
 are still refused, so that a contract's tables never read like the code around them;
@@ -30,6 +30,7 @@ GENERATED_NAMES = frozenset(
         "CONTRACT",
         "DECLARED",
         "DETERMINISM",
+        "FOLDS",
         "PARAMS",
         "REGIONS",
         "SOURCE_SHA256",
@@ -45,6 +46,7 @@ GENERATED_NAMES = frozenset(
         "ContractDecl",
         "Counter",
         "Effect",
+        "FoldDecl",
         "HeadTail",
         "OneOf",
         "ParamDecl",
@@ -110,6 +112,7 @@ def check_names(contract: ir.Contract) -> list[Diagnostic]:
         ("region", contract.regions),
         ("callable", contract.callables),
         ("constant", contract.constants),
+        ("fold", contract.folds),
     ):
         for node in nodes:
             problem = identifier_problem(node.name)

@@ -11,7 +11,8 @@ already shows:
     (frames, code objects, generators, tracebacks);
   * two declarations bound at one site, or a site inside another bound site (the
     outer one holds a tensor, a callable or a counter, which bind() never
-    resolves through);
+    resolves through); likewise two folds at one site or one inside another (the
+    inner one would find its weights folded already);
   * argument paths other than `NAME` or `NAME["key"]...`: a capture class
     describes an argument as nested dicts of leaves, nothing else.
 """
@@ -93,10 +94,17 @@ def _bound_sites(c: ir.Contract) -> list[tuple[str, ir.Path]]:
     return out
 
 
+def _fold_sites(c: ir.Contract) -> list[tuple[str, ir.Path]]:
+    """(what, path) of every fold's site: modules whose weights bind() folds; they may
+    hold bound sites (a fold changes weights, never an attribute a site names)."""
+    return [(f"fold '{f.name}'", f.site) for f in c.folds if f.site is not None]
+
+
 def _segment_problems(c: ir.Contract) -> list[Diagnostic]:
     paths: list[tuple[ir.Path, bool]] = []
     paths += [(r.site, True) for r in c.regions if r.site is not None]
     paths += [(h.site, True) for h in c.constants if h.site is not None]
+    paths += [(path, True) for _, path in _fold_sites(c)]
     for k in c.callables:
         paths += [(k.site, True)] if k.site is not None else []
         paths += [(n.site, True) for n in k.counters]
@@ -117,13 +125,13 @@ def _segment_problems(c: ir.Contract) -> list[Diagnostic]:
     return found
 
 
-def _conflicts(c: ir.Contract) -> list[Diagnostic]:
-    """Equal or nested bound sites, found through dicts of sites and of their prefixes
-    (paths are at most 32 steps: linear in the contract's size)."""
+def _conflicts(bound: list[tuple[str, ir.Path]]) -> list[Diagnostic]:
+    """Equal or nested sites among `bound`, found through dicts of sites and of their
+    prefixes (paths are at most 32 steps: linear in the contract's size)."""
     sites: dict[Key, str] = {}
     prefixes: dict[Key, str] = {}  # a strict prefix of a bound site -> that site's owner
     found = []
-    for what, path in _bound_sites(c):
+    for what, path in bound:
         key = _key(path)
         inside = next((key[:n] for n in range(1, len(key)) if key[:n] in sites), None)
         if key in sites and not (what.startswith("counter") and sites[key].startswith("counter")):
@@ -138,6 +146,22 @@ def _conflicts(c: ir.Contract) -> list[Diagnostic]:
                 prefixes.setdefault(key[:n], what)
             continue
         found.append(error("CLK051", message, path.span))
+    return found
+
+
+def _folds_in_bound(c: ir.Contract) -> list[Diagnostic]:
+    """A fold's site at or inside a bound site: bind() never resolves through what a
+    bound site holds (bound sites inside a fold's module are fine)."""
+    bound: dict[Key, str] = {}
+    for what, path in _bound_sites(c):
+        bound.setdefault(_key(path), what)
+    found = []
+    for what, path in _fold_sites(c):
+        key = _key(path)
+        owner = next((bound[key[:n]] for n in range(1, len(key) + 1) if key[:n] in bound), None)
+        if owner is not None:
+            message = f"{what} at '{path.dotted()}' lies at or inside the site of {owner}"
+            found.append(error("CLK051", message, path.span))
     return found
 
 
@@ -181,6 +205,7 @@ def _all_paths(c: ir.Contract) -> list[tuple[ir.Path, bool]]:
     """(path, is a region's site) of every path in the contract."""
     out = [(r.site, True) for r in c.regions if r.site is not None]
     out += [(h.site, False) for h in c.constants if h.site is not None]
+    out += [(path, False) for _, path in _fold_sites(c)]
     for k in c.callables:
         out += [(k.site, False)] if k.site is not None else []
         out += [(n.site, False) for n in k.counters]
@@ -209,4 +234,5 @@ def _identity_keys(c: ir.Contract) -> list[Diagnostic]:
 
 
 def check_sites(c: ir.Contract) -> list[Diagnostic]:
-    return _segment_problems(c) + _conflicts(c) + _argument_paths(c) + _identity_keys(c)
+    conflicts = _conflicts(_bound_sites(c)) + _conflicts(_fold_sites(c)) + _folds_in_bound(c)
+    return _segment_problems(c) + conflicts + _argument_paths(c) + _identity_keys(c)

@@ -106,6 +106,8 @@ class _Validator(RegionRules, CallableRules):
             self.check_callable(callable_)
         for constant in self.c.constants:
             self.check_constant(constant)
+        for fold in self.c.folds:
+            self.check_fold(fold)
         self.check_pins_written()
         if self.error_count() == 0:
             self.diags += silent_loss_warnings(self.c, self.out.clock_rate, self.out.regions)
@@ -131,6 +133,7 @@ class _Validator(RegionRules, CallableRules):
             ("region", self.c.regions),
             ("callable", self.c.callables),
             ("constant", self.c.constants),
+            ("fold", self.c.folds),
         ]
         for kind, nodes in groups:
             for node in nodes:
@@ -255,6 +258,14 @@ class _Validator(RegionRules, CallableRules):
                 v = self.eval(d)
                 if v is not None and v.value < 0:
                     self.err("CLK015", f"dims of constant '{c.name}' must not be negative", d.span)
+
+    def check_fold(self, f: ir.Fold) -> None:
+        if f.site is None:
+            self.err("CLK025", f"fold '{f.name}' has no site", f.span)
+        if f.by is None:
+            self.err(
+                "CLK025", f"fold '{f.name}' says nothing to fold: add `by weight_norm`", f.span
+            )
 
 
 def validate(

@@ -84,7 +84,7 @@ _CODES = [
         "CLK010",
         "error",
         "duplicate name",
-        "A name (clock, const, region, callable, constant, config variable or argument) is declared twice.",
+        "A name (clock, const, region, callable, constant, fold, config variable or argument) is declared twice.",
     ),
     Code(
         "CLK011",
@@ -121,7 +121,7 @@ _CODES = [
         "CLK017",
         "error",
         "name unusable in generated code",
-        "A region, callable or constant name is a Python keyword or shadows what the generated adapter defines or uses (including derived names: `_...`, `stock_...`, `..._body`, `..._engine`); or the contract name, which becomes a package, is a keyword or would shadow a standard-library or runtime package.",
+        "A region, callable, constant or fold name is a Python keyword or shadows what the generated adapter defines or uses (including derived names: `_...`, `stock_...`, `..._body`, `..._engine`); or the contract name, which becomes a package, is a keyword or would shadow a standard-library or runtime package.",
     ),
     Code(
         "CLK018",
@@ -161,7 +161,7 @@ _CODES = [
         "CLK025",
         "error",
         "missing property",
-        "A region needs dtype and dims; a callable and a bound constant need a site; `allocate stock` needs a site and stock dims.",
+        "A region needs dtype and dims; a callable and a bound constant need a site; `allocate stock` needs a site and stock dims; a fold needs a site and `by` (what it folds, e.g. `by weight_norm`).",
     ),
     Code(
         "CLK026", "error", "declared twice", "A property or a top-level header is declared twice."
@@ -269,7 +269,7 @@ _CODES = [
         "CLK051",
         "error",
         "conflicting sites",
-        "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter).",
+        "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter); or two folds name one module, or one inside the other, or a fold's site lies at or inside a bound site.",
     ),
     Code(
         "CLK055",

@@ -258,6 +258,18 @@ class HostConstant(Node):
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
 
 
+class Fold(Node):
+    """`fold NAME { site PATH  by KIND }`: every submodule at `site` whose forward
+    recomputes a weight from fixed parameters (`by weight_norm`) gets that weight
+    computed once at bind instead."""
+
+    name: str
+    site: Path | None = None
+    by: Literal["weight_norm"] | None = None
+    note: str | None = None
+    prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
+
+
 class Contract(Node):
     name: str
     target: str | None = None
@@ -269,3 +281,4 @@ class Contract(Node):
     regions: tuple[Region, ...] = ()
     callables: tuple[Callable, ...] = ()
     constants: tuple[HostConstant, ...] = ()
+    folds: tuple[Fold, ...] = ()

@@ -33,6 +33,7 @@ _REGION_KEYWORDS = [
 ]
 _CALLABLE_KEYWORDS = ["site", "per", "aliased", "writes", "effects", "mode", "note"]
 _CONSTANT_KEYWORDS = ["site", "dtype", "dims", "install", "note"]
+_FOLD_KEYWORDS = ["site", "by", "note"]
 
 MISTAKES: list[tuple[str, str, list[str]]] = [
     (
@@ -63,6 +64,7 @@ MISTAKES: list[tuple[str, str, list[str]]] = [
                 ("region", _REGION_KEYWORDS),
                 ("callable", _CALLABLE_KEYWORDS),
                 ("constant", _CONSTANT_KEYWORDS),
+                ("fold", _FOLD_KEYWORDS),
             )
             for kw in keywords
             for text in _in_block(kind, [f"{kw} = x", f"{kw}: x"])
@@ -114,7 +116,8 @@ MISTAKES: list[tuple[str, str, list[str]]] = [
         'a site is a path, not a string, e.g. `site flow.decoder["key"]`',
         _in_block("region", ['site "x"'])
         + _in_block("callable", ['site "x"', 'retains r from "x"', 'counter "x" advances 1 from 1'])
-        + _in_block("constant", ['site "x"']),
+        + _in_block("constant", ['site "x"'])
+        + _in_block("fold", ['site "x"']),
     ),
     (
         "CLK067",

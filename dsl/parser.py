@@ -180,6 +180,7 @@ class _ToIR(Transformer):
     prop_effects = _prop("effects")
     prop_mode = _prop("mode")
     prop_install = _prop("install")
+    prop_by = _prop("by")
 
     def prop_note(self, meta, c):
         return _Prop("note", str(c[0])[1:-1], meta_span(meta))
@@ -333,6 +334,9 @@ class _ToIR(Transformer):
     def constant_decl(self, meta, c):
         return ("constant", ir.HostConstant(**self._fold("constant", c[0], c[1:])))
 
+    def fold_decl(self, meta, c):
+        return ("fold", ir.Fold(**self._fold("fold", c[0], c[1:])))
+
     def start(self, meta, items):
         return items
 
@@ -346,6 +350,7 @@ def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | 
         "regions": [],
         "callables": [],
         "constants": [],
+        "folds": [],
     }
     plural = {
         "determinism": "determinism",
@@ -355,6 +360,7 @@ def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | 
         "region": "regions",
         "callable": "callables",
         "constant": "constants",
+        "fold": "folds",
     }
     for item in items:
         tag = item[0]

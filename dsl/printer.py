@@ -130,18 +130,25 @@ def _callable(k: ir.Callable) -> list[str]:
     return out + ["}"]
 
 
-def _constant(h: ir.HostConstant) -> list[str]:
-    out = [f"constant {h.name} {{"]
-    if h.site:
-        out.append(f"  site {path(h.site)}")
-    if h.dtype:
-        out.append(f"  dtype {h.dtype}")
-    if h.dims is not None:
-        out.append(f"  dims {dims(h.dims)}")
-    out.append(f"  install {h.install}")
-    if h.note is not None:
-        out.append(f'  note "{h.note}"')
+def _block(kind: str, name: str, props: list[str], note: str | None) -> list[str]:
+    """A `kind name { ... }` block of one property per line, its note last."""
+    out = [f"{kind} {name} {{"] + [f"  {p}" for p in props]
+    if note is not None:
+        out.append(f'  note "{note}"')
     return out + ["}"]
+
+
+def _constant(h: ir.HostConstant) -> list[str]:
+    props = [f"site {path(h.site)}"] if h.site else []
+    props += [f"dtype {h.dtype}"] if h.dtype else []
+    props += [f"dims {dims(h.dims)}"] if h.dims is not None else []
+    return _block("constant", h.name, props + [f"install {h.install}"], h.note)
+
+
+def _fold(f: ir.Fold) -> list[str]:
+    props = [f"site {path(f.site)}"] if f.site else []
+    props += [f"by {f.by}"] if f.by else []
+    return _block("fold", f.name, props, f.note)
 
 
 def _param(p: ir.Param) -> str:
@@ -178,4 +185,6 @@ def print_contract(c: ir.Contract) -> str:
         lines.extend(_callable(k))
     for h in c.constants:
         lines.extend(_constant(h))
+    for f in c.folds:
+        lines.extend(_fold(f))
     return "\n".join(lines) + "\n"

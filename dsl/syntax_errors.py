@@ -40,6 +40,7 @@ _FRIENDLY = {
     "EFFECT": "an effect (none, device_rng, host_rng)",
     "MODE": "a mode (replay, eager)",
     "INSTALL": "an install kind (device_buffer, hoisted, left_eager)",
+    "FOLD_KIND": "a fold kind (weight_norm)",
     "COMPARE": "a comparison (<=, <, ==, !=, >=, >)",
     "$END": "end of file",
 }

@@ -130,10 +130,12 @@ from .declared import (  # noqa: E402
     ConstantDecl,
     ContractDecl,
     Counter,
+    FoldDecl,
     RegionDecl,
     RegionTable,
     Retains,
 )
+from .folds import FoldError  # noqa: E402
 from .lane import Lane, LaneError  # noqa: E402
 from .params import ParamDecl, ParamError  # noqa: E402
 from .pins import pin_at  # noqa: E402
@@ -164,6 +166,8 @@ __all__ += [
     "ConstantDecl",
     "ContractDecl",
     "Counter",
+    "FoldDecl",
+    "FoldError",
     "Dispatcher",
     "Lane",
     "LaneError",

@@ -5,7 +5,8 @@ Contract of this layer. Given a model object and the ``ContractDecl`` clockc wro
 with one error and is left untouched), pins the contract's determinism settings,
 builds lane 0 (its regions installed at their sites, carries adopting the live
 stock state, one replay engine per capturable callable), moves host constants to the
-device, and puts a ``Dispatcher`` at every callable's site. On CUDA it captures
+device, and puts a ``Dispatcher`` at every callable's site. Declared folds (folds.py)
+are applied first, before anything is built, read or captured. On CUDA it captures
 every catalog before traffic unless told ``capture=False``.
 
 A ``Dispatcher`` is what the model's code calls instead of the stock callable. Inside
@@ -26,6 +27,7 @@ from .backend import FakeGraphBackend
 from .binding import Binding, infer_device
 from .declared import ContractDecl
 from .determinism import apply_settings
+from .folds import apply_folds, plan_folds
 from .lane import Lane
 from .params import resolve
 from .sessions import SessionRequired, current_run
@@ -82,6 +84,8 @@ def bind_contract(
     # session parameters: the value this binding serves (ParamError outside the
     # domain, before anything is installed) and, below, the values captured at bind
     key = resolve(decl.params, params)
+    # the modules each fold changes, found before anything changes (FoldError if none)
+    fold_plan = plan_folds(model, decl.folds)
     device = torch.device(device) if device is not None else infer_device(model)
     binding = Binding(
         decl.name,
@@ -92,6 +96,8 @@ def bind_contract(
         audit=audit,
         backend=backend,
     )
+    # weights folded first: every lane, read and capture below sees the folded module
+    binding.folds = apply_folds(fold_plan)
     binding.params_key = key
     binding.capture_keys = [
         resolve(decl.params, {p.name: v}) for p in decl.params for v in p.capture

@@ -59,6 +59,7 @@ class Binding:
         self.eager: dict[str, str] = {}  # callable -> why it stays eager
         self.declared: dict[str, str] = {}  # region -> why nothing was allocated
         self.constants: dict[str, str] = {}  # host constant -> what was done
+        self.folds: list[Any] = []  # folds.FoldedSite, applied first, restored last
         self.eager_lock = threading.RLock()
         self.plain_lock = threading.RLock()  # callers without a session, one at a time
         self.pool: Any = None  # the SessionPool, once sessions are served
@@ -87,14 +88,16 @@ class Binding:
         install_region(self.model, steps, region)
 
     def unbind(self) -> None:
-        """Put back the stock callables and constants bind() replaced, and the
-        determinism settings bind() changed. Regions stay: the stock buffers they
+        """Put back the stock callables and constants bind() replaced, the weights it
+        folded, and the determinism settings bind() changed. Regions stay: the stock buffers they
         replaced were released, so rebuild a model to go back to stock."""
         if self.pool is not None:
             self.pool.shut_down()
         while self._undo:
             obj, steps, old = self._undo.pop()
             set_at(obj, steps, old)
+        while self.folds:
+            self.folds.pop().restore()
         previous = self.determinism.pop("previous", None)
         if previous:
             restore_settings(previous)
@@ -232,6 +235,7 @@ class Binding:
             "declared": dict(self.declared),
             "regions": {name: _region_stats(r) for name, r in self.regions.items()},
             "constants": dict(self.constants),
+            "folds": {f.name: f.stats() for f in self.folds},
             "site_rebinds": self.site_rebinds,
             "sessions": None if self.pool is None else self.pool.stats(),
             "params": _params_stats(self),
@@ -260,6 +264,7 @@ class Binding:
             lines.append(f"  callable {name}: eager ({why})")
         for name, what in self.constants.items():
             lines.append(f"  constant {name}: {what}")
+        lines.extend(f.report_line() for f in self.folds)
         for name, why in self.declared.items():
             lines.append(f"  region {name}: {why}")
         params = _params_stats(self)

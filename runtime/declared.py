@@ -24,7 +24,7 @@ regions are per session; ``operator``, ``chunk`` and ``unit`` are per lane (scra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Literal, Mapping
 
 from .ambient import AUTOCAST_OFF, Autocast
@@ -130,7 +130,9 @@ class CallableDecl:
     aliased: tuple[Aliased, ...] = ()
     retains: tuple[Retains, ...] = ()
     writes: tuple[str, ...] = ()  # write-through regions (pointer-checked per call)
-    pins: tuple[str, ...] = ()  # pinned regions this callable's stock code rebinds
+    # pinned regions this callable's stock code rebinds: besides any named here, every
+    # region in `writes` installed "pinned" (ContractDecl derives them)
+    pins: tuple[str, ...] = ()
     counters: tuple[Counter, ...] = ()
     # `layout free` arguments, ("args" | "kwargs", steps): a view of any layout is
     # replaced by a contiguous copy before the call is keyed (the contract states the
@@ -158,6 +160,18 @@ class ConstantDecl:
 
 
 @dataclass(frozen=True)
+class FoldDecl:
+    """Fold the weights of every module under ``site`` once at bind (folds.py)."""
+
+    name: str
+    by: Literal["weight_norm"]
+    site: tuple[Step, ...]
+
+    def __post_init__(self) -> None:
+        _normalise(self, site=_steps(self.site))
+
+
+@dataclass(frozen=True)
 class ContractDecl:
     name: str
     target: str | None
@@ -167,9 +181,13 @@ class ContractDecl:
     callables: tuple[CallableDecl, ...]
     constants: tuple[ConstantDecl, ...] = ()
     params: tuple[ParamDecl, ...] = ()  # values each session binds (params.py)
+    folds: tuple[FoldDecl, ...] = ()  # weights folded once at bind (folds.py)
 
     def __post_init__(self) -> None:
-        _normalise(self, regions=dict(self.regions))  # a RegionTable as the dict it stands for
+        regions = dict(self.regions)  # a RegionTable as the dict it stands for
+        _normalise(
+            self, regions=regions, callables=tuple(_with_pins(k, regions) for k in self.callables)
+        )
 
     def sites_to_check(self, *, carries: bool = True) -> dict[str, tuple[Step, ...]]:
         """Every site bind() must find before it changes anything. ``carries=False``
@@ -191,7 +209,18 @@ class ContractDecl:
         for c in self.constants:
             if c.site is not None and c.install == "device_buffer":
                 out[c.name] = c.site
+        for f in self.folds:
+            out[f.name] = f.site
         return out
+
+
+def _with_pins(k: CallableDecl, regions: dict[str, RegionDecl]) -> CallableDecl:
+    """``k`` with every pinned region it writes among its pins: the stock code rebinds
+    those attributes every call, so the lane copies the new value in and puts the
+    pinned tensor back (inside a capture, the copy is part of the graph)."""
+    written = tuple(w for w in k.writes if w in regions and regions[w].install == "pinned")
+    pins = tuple(dict.fromkeys(k.pins + written))
+    return k if pins == k.pins else replace(k, pins=pins)
 
 
 # RegionSpec's fields and RegionDecl's, as a RegionTable names them; those absent are None

@@ -272,7 +272,12 @@ def bind_on_fake_model(r: Result) -> None:
                 )
                 wrapper = _get(model, k.site)
                 wrapper(*args, **kwargs)
+        if len(binding.folds) != len(r.contract.folds):
+            raise PropertyFailure("bind() did not apply every fold")
         binding.unbind()
+        for f in r.contract.folds:
+            if not torch.nn.utils.parametrize.is_parametrized(_get(model, f.site).conv):
+                raise PropertyFailure(f"unbind() did not restore fold {f.name}")
         for k in r.contract.callables:
             if _get(model, k.site) is not stock_callables[k.name]:
                 raise PropertyFailure(f"unbind() did not restore callable {k.name}")
@@ -338,6 +343,8 @@ class FakeModel:
             else:
                 node[key] = value
 
+        for f in r.contract.folds:  # first: identity keys below may lie inside
+            place(f.site, _weight_normed_module())
         for region in r.contract.regions:
             if region.site is None:
                 continue
@@ -359,6 +366,15 @@ class FakeModel:
             for counter in k.counters:
                 place(counter.site, counter.start)
         return root, stock_callables
+
+
+def _weight_normed_module() -> torch.nn.Module:
+    """What a fold's site holds: a module with one weight-normed submodule."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    module = torch.nn.Module()
+    module.conv = weight_norm(torch.nn.Conv1d(2, 2, 1))
+    return module
 
 
 def _fake_callable(k: ir.Callable, regions, numbers):

@@ -133,7 +133,6 @@ CALLABLES = (
         classes=CATALOG["lm_step"],
         effect=Effect.NONE,
         writes=("lm_offsets",),
-        pins=("lm_offsets",),
         counters=(Counter("lm_gen._streaming_state.offset_cpu", advances=1, start=1),),
     ),
     CallableDecl(
@@ -148,7 +147,6 @@ CALLABLES = (
         classes=CATALOG["mimi_encode"],
         effect=Effect.NONE,
         writes=("downsample_first",),
-        pins=("downsample_first",),
     ),
 )
 
