@@ -60,6 +60,7 @@ def client(app):
         yield c
     finally:
         c.shutdown()
+        assert not c.following  # no thread of ours calls into Ray after ray.shutdown()
 
 
 class ViaIngress:
@@ -263,3 +264,15 @@ def test_replicas_device_memory_through_the_ingress(app):
     _wait_all_up(app)
     app.reset_peak_memory.remote().result()
     assert [r["server"]["device_memory"] for r in _replicas(app)] == [None, None]
+
+
+def test_a_client_shut_down_leaves_no_thread_behind(app):
+    from duplexcadence.runtime.serve import SessionClient
+
+    _wait_all_up(app)
+    c = SessionClient(TOY.name)
+    sid = c.open({"seed": 3})
+    assert exact([c.chunk(sid, x_of(3, 0))], 3) and c.following
+    c.close(sid)
+    c.shutdown()
+    assert not c.following

@@ -80,14 +80,22 @@ class SessionClient:
     def stats(self) -> dict:
         return self.ingress.stats.remote().result()
 
-    def shutdown(self) -> None:
-        """Stop following the ingress (before ``ray.shutdown``)."""
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop following the ingress, and wait (up to ``timeout_s``) until the thread
+        that follows it has ended. Call it before ``ray.shutdown()``: Ray ends a process
+        at once (exit status 1, no output) when one of its threads calls into Ray after
+        the shutdown (ray-project/ray#19115)."""
         self._stop.set()
-        if self._stream is not None:
-            try:
-                self._stream.cancel()
-            except Exception:  # noqa: BLE001 - best effort: the thread is a daemon
-                pass
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            _cancel(stream)
+        self._watcher.join(timeout_s)
+
+    @property
+    def following(self) -> bool:
+        """Whether the thread that follows the ingress's ``deaths`` stream still runs."""
+        return self._watcher.is_alive()
 
     def __enter__(self) -> "SessionClient":
         return self
@@ -152,8 +160,13 @@ class SessionClient:
         broken stream — the ingress restarting — is followed again)."""
         while not self._stop.is_set() and ray.is_initialized():
             try:
-                self._stream = self.ingress.options(stream=True).deaths.remote()
-                for dead in self._stream:
+                stream = self.ingress.options(stream=True).deaths.remote()
+                with self._lock:
+                    self._stream = stream
+                if self._stop.is_set():  # shutdown() ran before the stream was kept
+                    _cancel(stream)
+                    return
+                for dead in stream:
                     with self._lock:
                         self._dead.update(dead)
             except BaseException:  # noqa: BLE001 - any end of the stream: follow it again
