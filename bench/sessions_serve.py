@@ -12,7 +12,9 @@ session's bytes against its solo run on ``stock_procs``); what changes is the se
   client thread opens its session through the ingress and sends its chunks and resets
   straight to the session's replica (``SessionClient``: one Ray hop per chunk). Its
   latency is arrival to PCM back in the client, Ray's hop included.
-* ``serve_gpus_1_ingress`` — the same through the ingress handle (client -> ingress ->
+* ``serve_gpus_1_grpc`` — ``serve_gpus_1`` with the client's chunks on Serve's gRPC
+  transport (``SessionClient(transport="grpc")``) instead of Ray actor calls.
+* ``serve_gpus_1_ingress`` — ``serve_gpus_1`` through the ingress handle (client -> ingress ->
   replica and back: two hops per chunk, what a WebSocket client's chunk crosses).
 * ``adapter_lanes`` — the same pool in process (sessions_token2wav), the baseline of the
   Ray path's added latency.
@@ -106,7 +108,9 @@ class RayServer:
         )
         self.handle = start(self.config)
         self._wait_up(timeout_s=900)
-        self.client = SessionClient(self.config.name)
+        self.client = SessionClient(
+            self.config.name, transport=str(arm.options.get("transport", "actor"))
+        )
         self.via_ingress = arm.options.get("via") == "ingress"
 
     def _wait_up(self, timeout_s: float) -> None:
@@ -174,6 +178,12 @@ SESSIONS = SessionWorkload(
             options={"gpus": 1, "lanes": LANES, "via": "ingress"},
         ),
         Arm(
+            "serve_gpus_1_grpc",
+            "inproc",
+            f"Ray Serve: one replica (1 GPU, {LANES} lanes), chunks straight to it by gRPC",
+            options={"gpus": 1, "lanes": LANES, "transport": "grpc"},
+        ),
+        Arm(
             "serve_gpus_2",
             "inproc",
             f"Ray Serve: two replicas (1 GPU, {LANES} lanes each), chunks straight to them",
@@ -192,6 +202,23 @@ def _at(doc: dict, arm: str, n: Any) -> dict:
     return doc.get("per_n", {}).get(arm, {}).get(str(n), {}) if n is not None else {}
 
 
+ONE_GPU_PATHS = ("serve_gpus_1", "serve_gpus_1_grpc", "serve_gpus_1_ingress")
+
+
+def _added_p95(doc: dict, arm: str) -> dict:
+    """{N: the arm's p95 less the in-process pool's} at every N both ran."""
+    common = sorted(
+        set(doc.get("per_n", {}).get(arm, {})) & set(doc.get("per_n", {}).get("adapter_lanes", {})),
+        key=int,
+    )
+    return {
+        n: round(_at(doc, arm, n)["p95_ms"] - _at(doc, "adapter_lanes", n)["p95_ms"], 3)
+        for n in common
+        if _at(doc, arm, n).get("p95_ms") is not None
+        and _at(doc, "adapter_lanes", n).get("p95_ms") is not None
+    }
+
+
 def summarise(doc: dict) -> dict:
     """``gpus_1``/``gpus_2`` (the serve arms: largest N at cadence, p95 at that N,
     every hashed session exact) and the Ray path's added p95 over the in-process pool
@@ -208,16 +235,10 @@ def summarise(doc: dict) -> dict:
         }
     g1, g2 = out["gpus_1"]["max_sessions_at_cadence"], out["gpus_2"]["max_sessions_at_cadence"]
     out["scaling_2_over_1"] = round(g2 / g1, 3) if g1 and g2 else None
-    common = sorted(
-        set(doc.get("per_n", {}).get("serve_gpus_1", {}))
-        & set(doc.get("per_n", {}).get("adapter_lanes", {})),
-        key=int,
-    )
-    out["ray_added_p95_ms"] = {
-        n: round(_at(doc, "serve_gpus_1", n)["p95_ms"] - _at(doc, "adapter_lanes", n)["p95_ms"], 3)
-        for n in common
-        if _at(doc, "serve_gpus_1", n).get("p95_ms") is not None
-        and _at(doc, "adapter_lanes", n).get("p95_ms") is not None
+    out["ray_added_p95_ms"] = _added_p95(doc, "serve_gpus_1")
+    # every one-GPU path (the client by actor call or gRPC, the ingress), for comparison
+    out["ray_added_p95_ms_by_arm"] = {
+        arm: _added_p95(doc, arm) for arm in ONE_GPU_PATHS if doc.get("per_n", {}).get(arm)
     }
     return out
 

@@ -82,11 +82,23 @@ class ViaIngress:
         self.handle.close.remote(sid).result()
 
 
-@pytest.fixture(params=["ingress", "client"])
+@pytest.fixture(scope="module")
+def grpc_client(app):
+    from duplexcadence.runtime.serve import SessionClient
+
+    c = SessionClient(TOY.name, transport="grpc")
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        assert not c.following
+
+
+@pytest.fixture(params=["ingress", "client", "grpc_client"])
 def via(request, app):
     """How a test's sessions are driven: the ingress handle, or a SessionClient (chunks
-    straight to the pinned replica)."""
-    return ViaIngress(app) if request.param == "ingress" else request.getfixturevalue("client")
+    straight to the pinned replica, by Ray actor call or by Serve's gRPC transport)."""
+    return ViaIngress(app) if request.param == "ingress" else request.getfixturevalue(request.param)
 
 
 def _free_port() -> int:

@@ -275,6 +275,7 @@ def test_serve_summary_reads_the_serve_arms():
         "per_n": {
             "serve_gpus_1": {"16": {"p95_ms": 120.0}, "40": {"p95_ms": 700.0}},
             "serve_gpus_2": {"80": {"p95_ms": 650.0}, "88": {"p95_ms": 1500.0}},
+            "serve_gpus_1_grpc": {"16": {"p95_ms": 115.0}},
             "adapter_lanes": {"16": {"p95_ms": 112.5}},
         },
     }
@@ -287,3 +288,7 @@ def test_serve_summary_reads_the_serve_arms():
     }
     assert out["gpus_2"]["p95_ms"] == 650.0 and out["gpus_2"]["all_sessions_exact"] is False
     assert out["scaling_2_over_1"] == 2.0 and out["ray_added_p95_ms"] == {"16": 7.5}
+    assert out["ray_added_p95_ms_by_arm"] == {
+        "serve_gpus_1": {"16": 7.5},
+        "serve_gpus_1_grpc": {"16": 2.5},
+    }

@@ -170,6 +170,14 @@ def test_tensor_outputs_leave_the_replica_as_numpy():
     assert on_the_wire(b"pcm") == b"pcm"
 
 
+@needs_ray
+def test_a_client_names_the_transports_it_knows():
+    from duplexcadence.runtime.serve import SessionClient
+
+    with pytest.raises(ValueError, match=r"transport must be one of \('actor', 'grpc'\)"):
+        SessionClient("serve_toy", transport="tcp")
+
+
 CLUSTER_CASES = TESTS / "serve_cluster_cases.py"
 
 
