@@ -7,7 +7,8 @@ What one chunk costs on each path to the same replica, with a model whose step i
 the difference is the path: ``inproc`` (``ReplicaServer.step`` in this process, no Ray),
 ``actor`` (``SessionClient``: a Ray actor call to the replica), ``grpc``
 (``SessionClient(transport="grpc")``: Serve's gRPC transport), ``ingress`` (the ingress
-handle: two hops). One replica on an embedded cluster; ``--sessions`` concurrent client
+handle: two hops), ``ingress_grpc`` (the same, a second application whose ingress
+reaches its replica by gRPC: ``ServeConfig(transport="grpc")``). One replica on an embedded cluster; ``--sessions`` concurrent client
 threads, each with its own session; the paths alternate in order every round, so the
 machine's drift falls on all of them. Times are wall clock per call (p50, p95), the
 first 20 calls of every round dropped. A CPU measurement of the paths' cost: the GPU
@@ -31,7 +32,7 @@ import torch
 
 from bench.harness.process import REPO, git_info, write_json
 
-PATHS = ("inproc", "actor", "grpc", "ingress")
+PATHS = ("inproc", "actor", "grpc", "ingress", "ingress_grpc")
 DROP = 20  # warm-up calls per round
 
 
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     config = dataclasses.replace(TOY, replicas=1, max_sessions=max(counts))
     init_local(num_cpus=2, paths=(REPO / "tests",), shared_host=True, log_to_driver=False)
     ingress = start(config)
+    grpc_config = dataclasses.replace(config, name=f"{config.name}_grpc", transport="grpc")
+    ingress_grpc = start(grpc_config, route_prefix="/grpc")
     clients = {
         "actor": SessionClient(config.name),
         "grpc": SessionClient(config.name, transport="grpc"),
@@ -104,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
             lambda i, s=s, k=k: ingress.chunk.remote(s, x_of(k, i)).result()
             for k, s in enumerate(sids)
         ]
+        via_grpc = [ingress_grpc.open.remote({"seed": s}).result() for s in range(n)]
+        steps["ingress_grpc"] = [
+            lambda i, s=s, k=k: ingress_grpc.chunk.remote(s, x_of(k, i)).result()
+            for k, s in enumerate(via_grpc)
+        ]
         own = [local.open({"seed": s}) for s in range(n)]
         steps["inproc"] = [
             lambda i, s=s, k=k: local.step(local.incarnation, s, x_of(k, i))
@@ -116,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             clients["actor"].close(s)
         for s in own:
             local.close(local.incarnation, s)
+        for s in via_grpc:
+            ingress_grpc.close.remote(s).result()
     rows = [
         {
             "sessions": n,

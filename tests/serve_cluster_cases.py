@@ -288,3 +288,42 @@ def test_a_client_shut_down_leaves_no_thread_behind(app):
     c.close(sid)
     c.shutdown()
     assert not c.following
+
+
+def test_an_ingress_on_grpc_serves_exact_sessions_and_loses_a_killed_replicas(app):
+    """A second application whose ingress reaches its replicas by Serve's gRPC transport
+    (``transport="grpc"``): sessions through it equal their solo stock runs, and a killed
+    replica's sessions are lost (the others untouched)."""
+    import dataclasses
+
+    import ray
+    from ray import serve
+
+    from duplexcadence.runtime.serve.app import start
+
+    config = dataclasses.replace(TOY, name="serve_toy_grpc", transport="grpc")
+    grpc_app = start(config, route_prefix="/grpc")
+    _wait_all_up(grpc_app)
+    via = ViaIngress(grpc_app)
+    sids = {s: via.open({"seed": s}) for s in (31, 32)}  # one per replica
+    got = {s: [via.chunk(sids[s], x_of(s, i)) for i in range(3)] for s in sids}
+    assert all(exact(got[s], s) for s in sids)
+    victim = next(
+        n
+        for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
+        if "serve_toy_grpc#replica_0#" in n
+    )
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    outcomes = {}
+    for s in sids:
+        try:
+            outcomes[s] = exact([*got[s], via.chunk(sids[s], x_of(s, 3))], s)
+        except SessionLost:
+            outcomes[s] = "lost"
+    assert sorted(map(str, outcomes.values())) == ["True", "lost"], outcomes
+    for sid in sids.values():
+        try:
+            via.close(sid)
+        except SessionLost:
+            pass
+    serve.delete(config.name)

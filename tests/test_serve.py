@@ -151,6 +151,10 @@ def test_cli_builds_the_config():
     )
     with pytest.raises(ValueError, match="replicas must be a positive int"):
         ServeConfig("c", "m:f", replicas=0)
+    assert c.transport == "actor"
+    assert config_of(parse_args(["c", "--model", "m:f", "--transport", "grpc"])).transport == "grpc"
+    with pytest.raises(ValueError, match="transport must be one of"):
+        ServeConfig("c", "m:f", transport="tcp")
 
 
 # ------------------------------------------------------------------ real Ray

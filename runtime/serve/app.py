@@ -57,6 +57,11 @@ def replica_name(index: int) -> str:
     return f"replica_{index}"
 
 
+def on_transport(handle: Any, transport: str) -> Any:
+    """``handle`` with its calls on ``transport`` (config.TRANSPORTS)."""
+    return handle.options(_by_reference=False) if transport == "grpc" else handle
+
+
 def on_the_wire(output: Any) -> Any:
     """A tensor output as its numpy array: Ray pickles an array out of band (no copy
     into the pickle), a tensor by copying its storage — about 1-3 ms more per 96 KB
@@ -112,7 +117,7 @@ http = FastAPI(title="duplexcadence sessions")
 class Ingress:
     def __init__(self, config: ServeConfig, *replicas: Any) -> None:
         self.config = config
-        self.replicas = list(replicas)
+        self.replicas = [on_transport(r, config.transport) for r in replicas]
         self.table = SessionTable(len(replicas), config.max_sessions)
         self.gone: dict[tuple[int, str], asyncio.Event] = {}  # (replica, incarnation) died
         self.dead: list[str] = []  # incarnations that died, in order (the ``deaths`` stream)
@@ -355,9 +360,12 @@ def start(
     *,
     http_port: int | None = None,
     host: str = "127.0.0.1",
+    route_prefix: str = "/",
 ) -> Any:
     """Run the application and return its ingress handle. Starts an embedded local Ray
-    cluster unless one is initialised; ``http_port`` None serves handles only."""
+    cluster unless one is initialised; ``http_port`` None serves handles only;
+    ``route_prefix``: where its HTTP routes hang (``/sessions`` under it), one per
+    application on a cluster."""
     if not ray.is_initialized():
         init_local()
     if http_port is None:
@@ -368,7 +376,7 @@ def start(
     handle = serve.run(
         build_app(config),
         name=config.name,
-        route_prefix="/",
+        route_prefix=route_prefix,  # another application on the cluster needs its own
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
     LOG.info("%s up in %.1f s", config.name, time.perf_counter() - t)

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from .config import ServeConfig
+from .config import TRANSPORTS, ServeConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,6 +29,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="Ray CPUs per replica: also its OMP/torch threads (Ray sets 1 for 0)",
     )
+    p.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="actor",
+        help="how the ingress's calls reach a replica: a Ray actor call or Serve's gRPC",
+    )
     p.add_argument("--lanes", type=int, default=1, help="replay lanes per replica")
     p.add_argument("--max-sessions", type=int, default=4, help="sessions per replica")
     p.add_argument("--host", default="127.0.0.1")
@@ -36,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--address", help="a running Ray cluster to join (default: start one)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray cluster")
     p.add_argument("--name", default="duplexcadence", help="Serve application name")
+    p.add_argument(
+        "--route-prefix", default="/", help="HTTP route of the application (one per app)"
+    )
     return p.parse_args(argv)
 
 
@@ -49,6 +58,7 @@ def config_of(args: argparse.Namespace) -> ServeConfig:
         lanes=args.lanes,
         max_sessions=args.max_sessions,
         name=args.name,
+        transport=args.transport,
     )
 
 
@@ -72,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=args.address)
     else:
         init_local(num_cpus=args.num_cpus, paths=(os.getcwd(),))
-    start(config, http_port=args.port, host=args.host)
+    start(config, http_port=args.port, host=args.host, route_prefix=args.route_prefix)
     print(
         f"duplexcadence-serve: {config.replicas} replica(s) of {config.contract} up; "
         f"sessions at ws://{args.host}:{args.port}/sessions (Ctrl-C stops)",

@@ -28,14 +28,12 @@ from typing import Any
 import ray
 from ray import serve
 
-from .app import DEAD
+from .app import DEAD, on_transport
+from .config import TRANSPORTS
 from .errors import ServeError, SessionLost, plain
 from .router import lost_message
 
 POLL_S = 0.1  # how often a call in flight looks whether its replica was reported dead
-
-
-TRANSPORTS = ("actor", "grpc")  # how a chunk reaches its replica (SessionClient)
 
 
 class SessionClient:
@@ -164,8 +162,7 @@ class SessionClient:
         handle = self._replicas.get(deployment)
         if handle is None:
             handle = serve.get_deployment_handle(deployment, self.app_name)
-            if self.transport == "grpc":
-                handle = handle.options(_by_reference=False)
+            handle = on_transport(handle, self.transport)
             self._replicas[deployment] = handle
         return handle
 

@@ -9,11 +9,16 @@ at most ``max_sessions`` sessions on ``lanes`` replay lanes — take both from
 the capacity plan (``clockc plan CONTRACT --profile PROFILE --lanes K``: its sessions
 per GPU at the cadence). A replica whose heartbeat stream (one beat every
 ``heartbeat_s``) ends or stalls for ``stall_s`` is taken as dead: its sessions fail.
+``transport``: how the ingress's calls reach a replica — ``"actor"`` (a Ray actor call,
+Serve's default) or ``"grpc"`` (Serve's direct gRPC transport, which skips the object
+store; ``bench.serve_hop`` times both).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+TRANSPORTS = ("actor", "grpc")  # how a call reaches a replica (the ingress's, a client's)
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class ServeConfig:
     heartbeat_s: float = 0.2
     stall_s: float = 10.0
     name: str = "duplexcadence"
+    transport: str = "actor"
 
     def __post_init__(self) -> None:
         for field in ("replicas", "lanes", "max_sessions"):
@@ -39,6 +45,8 @@ class ServeConfig:
                 raise ValueError(f"{field} must not be negative")
         if not 0 < self.heartbeat_s < self.stall_s:
             raise ValueError("need 0 < heartbeat_s < stall_s")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
 
     @property
     def device(self) -> str:
