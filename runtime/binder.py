@@ -96,26 +96,33 @@ def bind_contract(
         audit=audit,
         backend=backend,
     )
-    # weights folded first: every lane, read and capture below sees the folded module
-    binding.folds = apply_folds(fold_plan)
-    binding.params_key = key
-    binding.capture_keys = [
-        resolve(decl.params, {p.name: v}) for p in decl.params for v in p.capture
-    ]
-    for r in decl.regions.values():
-        if r.install == "declared":
-            binding.declared[r.name] = "declared only: no site and no callable uses it"
-    binding.stock_callables = {k.name: get_at(model, k.site) for k in decl.callables}
-    binding.lanes.append(Lane(binding, 0, owns_sites=True))
-    for c in decl.constants:
-        binding.constants[c.name] = _install_constant(binding, c)
-    for k in decl.callables:
-        if not k.replay:
-            binding.eager[k.name] = k.eager_reason
-        binding.remember(model, k.site, binding.stock_callables[k.name])
-        set_at(model, k.site, Dispatcher(binding, k.name))
-    if capture and (device.type == "cuda" or simulated):
-        binding.capture(progress=progress)
+    try:
+        # weights folded first: every lane, read and capture below sees the folded module
+        binding.folds = apply_folds(fold_plan)
+        binding.params_key = key
+        binding.capture_keys = [
+            resolve(decl.params, {p.name: v}) for p in decl.params for v in p.capture
+        ]
+        for r in decl.regions.values():
+            if r.install == "declared":
+                binding.declared[r.name] = "declared only: no site and no callable uses it"
+        binding.stock_callables = {k.name: get_at(model, k.site) for k in decl.callables}
+        binding.lanes.append(Lane(binding, 0, owns_sites=True))
+        for c in decl.constants:
+            binding.constants[c.name] = _install_constant(binding, c)
+        for k in decl.callables:
+            if not k.replay:
+                binding.eager[k.name] = k.eager_reason
+            binding.remember(model, k.site, binding.stock_callables[k.name])
+            set_at(model, k.site, Dispatcher(binding, k.name))
+        if capture and (device.type == "cuda" or simulated):
+            binding.capture(progress=progress)
+    except BaseException:
+        # put back what was installed so far (callables, constants, folded weights,
+        # settings): a model whose bind failed is not left half-bound with no Binding
+        # to unbind it by
+        binding.unbind()
+        raise
     return binding
 
 

@@ -89,8 +89,8 @@ class Binding:
 
     def unbind(self) -> None:
         """Put back the stock callables and constants bind() replaced, the weights it
-        folded, and the determinism settings bind() changed. Regions stay: the stock buffers they
-        replaced were released, so rebuild a model to go back to stock."""
+        folded, and the determinism settings bind() changed. Regions stay: the stock
+        buffers they replaced were released, so rebuild a model to go back to stock."""
         if self.pool is not None:
             self.pool.shut_down()
         while self._undo:

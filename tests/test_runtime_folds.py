@@ -163,6 +163,21 @@ def test_unbind_restores_the_stock_modules_exactly() -> None:
         assert torch.equal(model.decode(x), Vocoder().decode(x))
 
 
+def test_a_bind_that_fails_after_folding_puts_the_stock_modules_back(monkeypatch) -> None:
+    from duplexcadence.runtime import binder
+
+    def no_lane(*args, **kwargs):
+        raise RuntimeError("out of memory building lane 0")
+
+    model = Vocoder()
+    before = snapshot(model.net)
+    monkeypatch.setattr(binder, "Lane", no_lane)
+    with pytest.raises(RuntimeError, match="out of memory building lane 0"):
+        bind_contract(model, decl(), backend="simulate", progress=False)
+    assert_same(snapshot(model.net), before)
+    assert "decode" not in vars(model)
+
+
 @pytest.mark.parametrize("site", ["net[5]", "net[1]"])
 def test_a_site_without_weight_norm_is_refused_before_any_change(site) -> None:
     model = Vocoder()
