@@ -328,3 +328,51 @@ def test_rerender_reproduces_the_tables(real_run):
     real_run.with_suffix(".json").write_text(json.dumps(doc))
     assert document.rerender(WL, real_run.with_suffix(".json")) == 0
     assert real_run.with_suffix(".md").read_text() == md
+
+
+def test_memory_by_pool_puts_each_graph_pool_apart():
+    import torch
+
+    from bench.harness.worker import MemTracker
+
+    tracker = MemTracker(torch.device("cpu"))
+    assert tracker.by_pool() is None  # no allocator to read on a CPU
+
+    class Allocator:  # torch.cuda's two calls, with segments of two devices
+        def current_device(self):
+            return 0
+
+        def memory_snapshot(self):
+            mib = 2**20
+            return [
+                {
+                    "device": 0,
+                    "segment_pool_id": (0, 0),
+                    "total_size": 4 * mib,
+                    "allocated_size": mib,
+                },
+                {
+                    "device": 0,
+                    "segment_pool_id": (1, 3),
+                    "total_size": 6 * mib,
+                    "allocated_size": 0,
+                },
+                {
+                    "device": 0,
+                    "segment_pool_id": (1, 3),
+                    "total_size": 4 * mib,
+                    "allocated_size": 6 * mib,
+                },
+                {
+                    "device": 1,
+                    "segment_pool_id": (0, 0),
+                    "total_size": 99 * mib,
+                    "allocated_size": 0,
+                },
+            ]
+
+    tracker.cuda, tracker.device = Allocator(), torch.device("cuda")
+    assert tracker.by_pool() == {
+        "graph pool 1.3": {"reserved_mib": 10.0, "allocated_mib": 6.0},
+        "default": {"reserved_mib": 4.0, "allocated_mib": 1.0},
+    }

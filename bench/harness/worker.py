@@ -73,7 +73,27 @@ class MemTracker:
             "window_peak_mib": self.peaks.get("window"),
             "phase_peak_mib": dict(self.peaks),
             "phase_peak_reserved_mib": dict(self.reserved),
+            "by_pool_at_end": self.by_pool(),
         }
+
+    def by_pool(self) -> dict | None:
+        """Reserved and allocated MiB per allocator pool now: the default pool and each
+        CUDA-graph pool (a captured graph keeps its pool's segments), from the caching
+        allocator's segments; where the memory of a cell goes, not only how much."""
+        if self.cuda is None:
+            return None
+        index = self.device.index if self.device.index is not None else self.cuda.current_device()
+        pools: dict[str, dict[str, float]] = {}
+        for seg in self.cuda.memory_snapshot():
+            if seg.get("device", index) != index:
+                continue
+            pool = tuple(seg.get("segment_pool_id", (0, 0)))
+            name = "default" if pool == (0, 0) else f"graph pool {pool[0]}.{pool[1]}"
+            entry = pools.setdefault(name, {"reserved_mib": 0.0, "allocated_mib": 0.0})
+            entry["reserved_mib"] += seg["total_size"] / MIB
+            entry["allocated_mib"] += seg["allocated_size"] / MIB
+        ranked = sorted(pools.items(), key=lambda kv: -kv[1]["reserved_mib"])
+        return {k: {f: round(v, 1) for f, v in e.items()} for k, e in ranked}
 
 
 class Hashes:
