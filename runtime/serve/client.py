@@ -6,9 +6,10 @@ on the application's Ray cluster — the driver that started it, a worker of it)
 replica with the most headroom, ``Overloaded`` refused there) and keeps its pin — the
 replica's deployment, incarnation and local id; ``chunk`` and ``reset`` call that
 replica's deployment handle directly, so a chunk crosses one hop (a Ray actor call, or
-Serve's gRPC transport) instead of client -> ingress -> replica -> ingress -> client. ``close`` and ``stats`` go through the
-ingress, which owns the session table. A session opened elsewhere (the ingress handle,
-another client) is located through the ingress on first use.
+Serve's gRPC transport) instead of client -> ingress -> replica -> ingress -> client.
+``close`` and ``stats`` go through the ingress, which owns the session table. A session
+opened elsewhere (the ingress handle, another client) is located through the ingress on
+first use.
 
 Failures are the ingress's, with its 2 s bound: a session whose replica died gets
 ``SessionLost`` — a call in flight as soon as Ray reports the actor's death or the
@@ -39,9 +40,9 @@ POLL_S = 0.1  # how often a call in flight looks whether its replica was reporte
 class SessionClient:
     """``transport``: how chunks and resets reach the replica. ``"actor"``: Serve's
     default, a Ray actor call; ``"grpc"``: Serve's direct gRPC transport to the replica
-    (``handle.options(_by_reference=False)``, marked experimental by Ray 2.60), which
-    skips the object store: on a 2-core CPU with a toy model, 2.5 against 3.8 ms p50
-    per hop. Errors, death detection and bytes are the same either way (tested)."""
+    (``handle.options(_by_reference=False)``, an underscored option in Ray 2.60), which
+    skips the object store and is faster per hop (``python -m bench.serve_hop``).
+    Errors, death detection and bytes are the same either way (tested)."""
 
     def __init__(self, app_name: str = "duplexcadence", *, transport: str = "actor") -> None:
         if transport not in TRANSPORTS:
