@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from duplexcadence.runtime.serve.replica import ReplicaServer
 
     counts = [int(n) for n in args.sessions.split(",")]
-    config = dataclasses.replace(TOY, replicas=1, max_sessions=max(counts))
+    # the first application holds the actor, gRPC and ingress paths' sessions
+    config = dataclasses.replace(TOY, replicas=1, max_sessions=3 * max(counts))
     init_local(num_cpus=2, paths=(REPO / "tests",), shared_host=True, log_to_driver=False)
     ingress = start(config)
     grpc_config = dataclasses.replace(config, name=f"{config.name}_grpc", transport="grpc")
@@ -94,38 +95,40 @@ def main(argv: list[str] | None = None) -> int:
     }
     local = ReplicaServer(config)
     samples: dict[tuple[int, str], list[float]] = {}
+    # each path: (open a session, one chunk of it, close it), with sessions of its own
+    paths: dict[str, tuple[Callable, Callable, Callable]] = {
+        "inproc": (
+            local.open,
+            lambda s, x: local.step(local.incarnation, s, x),
+            lambda s: local.close(local.incarnation, s),
+        ),
+        "actor": (clients["actor"].open, clients["actor"].chunk, clients["actor"].close),
+        "grpc": (clients["actor"].open, clients["grpc"].chunk, clients["actor"].close),
+        "ingress": (
+            lambda p: ingress.open.remote(p).result(),
+            lambda s, x: ingress.chunk.remote(s, x).result(),
+            lambda s: ingress.close.remote(s).result(),
+        ),
+        "ingress_grpc": (
+            lambda p: ingress_grpc.open.remote(p).result(),
+            lambda s, x: ingress_grpc.chunk.remote(s, x).result(),
+            lambda s: ingress_grpc.close.remote(s).result(),
+        ),
+    }
     for n in counts:
-        steps: dict[str, list[Callable[[int], Any]]] = {}
-        sids = [clients["actor"].open({"seed": s}) for s in range(n)]
-        steps["actor"] = [
-            lambda i, s=s, k=k: clients["actor"].chunk(s, x_of(k, i)) for k, s in enumerate(sids)
-        ]
-        steps["grpc"] = [
-            lambda i, s=s, k=k: clients["grpc"].chunk(s, x_of(k, i)) for k, s in enumerate(sids)
-        ]
-        steps["ingress"] = [
-            lambda i, s=s, k=k: ingress.chunk.remote(s, x_of(k, i)).result()
-            for k, s in enumerate(sids)
-        ]
-        via_grpc = [ingress_grpc.open.remote({"seed": s}).result() for s in range(n)]
-        steps["ingress_grpc"] = [
-            lambda i, s=s, k=k: ingress_grpc.chunk.remote(s, x_of(k, i)).result()
-            for k, s in enumerate(via_grpc)
-        ]
-        own = [local.open({"seed": s}) for s in range(n)]
-        steps["inproc"] = [
-            lambda i, s=s, k=k: local.step(local.incarnation, s, x_of(k, i))
-            for k, s in enumerate(own)
-        ]
+        sids = {
+            path: [open_({"seed": k}) for k in range(n)] for path, (open_, _, _) in paths.items()
+        }
+        steps = {
+            path: [lambda i, s=s, k=k, c=chunk: c(s, x_of(k, i)) for k, s in enumerate(sids[path])]
+            for path, (_, chunk, _) in paths.items()
+        }
         for r in range(args.rounds):
             for path in PATHS if r % 2 == 0 else PATHS[::-1]:
                 samples.setdefault((n, path), []).extend(_concurrent(steps[path], args.calls))
-        for s in sids:
-            clients["actor"].close(s)
-        for s in own:
-            local.close(local.incarnation, s)
-        for s in via_grpc:
-            ingress_grpc.close.remote(s).result()
+        for path, (_, _, close) in paths.items():
+            for s in sids[path]:
+                close(s)
     rows = [
         {
             "sessions": n,
