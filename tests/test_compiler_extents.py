@@ -31,7 +31,7 @@ def test_closed_form_k_at_sizes_no_enumeration_could_reach():
         assert p.count == math.ceil(window / stride) + 1
         assert p.values(limit=1000) is None  # never listed
         assert p.at(p.count - 1) == window and p.at(p.count - 2) < window
-        assert time.perf_counter() - began < 0.01
+        assert time.perf_counter() - began < 0.5  # enumerating even 2**31 values would take minutes
 
 
 def _brute_joint(sizes):
