@@ -246,6 +246,60 @@ def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app, via):
         via.close(f)
 
 
+def test_a_restoring_client_rebuilds_a_killed_replicas_session_exactly(app):
+    """``SessionClient(restore_calls=N)``: a session on a replica that dies is rebuilt
+    on the survivor from its calls and goes on byte for byte as its solo stock run; one
+    with a longer history is lost, saying so; the survivor's own session is untouched."""
+    import ray
+
+    from duplexcadence.runtime.serve import SessionClient
+
+    rs = _wait_all_up(app)
+    limit = 40
+    with SessionClient(TOY.name, restore_calls=limit) as c:
+        # least loaded first, ties to the lower index: A and C on replica 0, B on 1
+        sids = {s: c.open({"seed": s}) for s in (41, 42, 43)}
+        a, b, long_ = sids[41], sids[42], sids[43]
+        where = {s: sids[s].split("-")[1] for s in sids}
+        assert where[41] == where[43] == rs[0]["incarnation"][:8] != where[42]
+        got: dict[int, list] = {s: [] for s in sids}
+        for i in range(2):
+            got[41].append(c.chunk(a, x_of(41, i)))
+        c.reset(a)  # the journal holds the reset too: chunk 2 starts a new turn
+        got[41].append(c.chunk(a, x_of(41, 2)))
+        for i in range(limit + 5):  # more calls than a restore replays
+            got[43].append(c.chunk(long_, x_of(43, i)))
+        got[42].append(c.chunk(b, x_of(42, 0)))
+        victim = next(
+            n
+            for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
+            if "#replica_0#" in n and TOY.name in n
+        )
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        lost, t = None, time.time()
+        while lost is None and time.time() - t < 10:  # until the death is known
+            try:
+                got[43].append(c.chunk(long_, x_of(43, len(got[43]))))
+            except SessionLost as e:
+                lost = str(e)
+            for s, sid in ((41, a), (42, b)):
+                got[s].append(c.chunk(sid, x_of(s, len(got[s]))))
+            time.sleep(0.05)
+        assert lost is not None and f"more than the {limit} a restore replays" in lost, lost
+        for _ in range(3):  # after the restore, on the survivor
+            for s, sid in ((41, a), (42, b)):
+                got[s].append(c.chunk(sid, x_of(s, len(got[s]))))
+        assert exact(got[41], 41, reset_at=(2,)) and exact(got[42], 42) and exact(got[43], 43)
+        assert c.restores == {"restored": 1, "not_restored": 1, "calls_replayed": 4}
+        assert c.journal_bytes > 0
+        with pytest.raises(SessionLost, match="a restore replays"):  # lost for good
+            c.chunk(long_, x_of(43, 0))
+        for sid in sids.values():
+            c.close(sid)
+        assert c.journal_bytes == 0
+        assert c.stats()["open"] == 0 and c.stats()["lost"] == 0
+
+
 def test_websocket_session_streams_exact_pcm(app):
     import json
 

@@ -9,6 +9,7 @@ for (``import duplexcadence.runtime`` never imports this package):
   replica  ReplicaServer: one binding + SessionPool on one device (ray-free)
   router   SessionTable: session affinity and headroom (ray-free)
   app      the Ray Serve application: Replica per GPU, Ingress, build_app, start
+  journal  Journal: a session's calls, to rebuild it on another replica (ray-free)
   client   SessionClient: chunks straight to the session's replica (one hop)
   cli      ``duplexcadence-serve CONTRACT --model pkg.mod:fn``
 """

@@ -18,6 +18,14 @@ incarnation, whichever comes first (in-flight calls look every ``POLL_S``), and 
 later call at once; a replacement replica answers a stale pin with ``SessionLost`` too
 (its incarnation differs). A closed or unknown session gets ``SessionUnknown``. Other
 sessions are untouched.
+
+With ``restore_calls=N`` (off by default) a session this client opened survives its
+replica's death while it has made at most N calls: the client keeps its calls
+(journal.py), and when the session is lost it opens one with the same params on the
+replica with the most headroom, makes the calls again, checks every output against the
+bytes it already returned, and then makes the call that met the death; the caller sees
+only the delay. A session with a longer history, a replay whose bytes differ, or no
+place left gets ``SessionLost`` saying which. ``restores`` counts both outcomes.
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ from ray import serve
 from .app import DEAD, on_transport
 from .config import TRANSPORTS
 from .errors import ServeError, SessionLost, plain
+from .journal import Journal, RestoreDiverged
 from .router import lost_message
 
 POLL_S = 0.1  # how often a call in flight looks whether its replica was reported dead
+RESTORE_ATTEMPTS = 2  # a restored session whose new replica dies too is restored again
 
 
 class SessionClient:
@@ -42,13 +52,32 @@ class SessionClient:
     default, a Ray actor call; ``"grpc"``: Serve's direct gRPC transport to the replica
     (``handle.options(_by_reference=False)``, an underscored option in Ray 2.60), which
     skips the object store and is faster per hop (``python -m bench.serve_hop``).
-    Errors, death detection and bytes are the same either way (tested)."""
+    Errors, death detection and bytes are the same either way (tested).
 
-    def __init__(self, app_name: str = "duplexcadence", *, transport: str = "actor") -> None:
+    ``restore_calls``: restore a lost session whose history is at most this many calls
+    (chunks and resets) by replaying it on another replica; 0, the default, never
+    restores. While it is on, one session's calls from several threads take turns."""
+
+    def __init__(
+        self,
+        app_name: str = "duplexcadence",
+        *,
+        transport: str = "actor",
+        restore_calls: int = 0,
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if not isinstance(restore_calls, int) or isinstance(restore_calls, bool):
+            raise TypeError(f"restore_calls must be an int, got {type(restore_calls).__name__}")
+        if restore_calls < 0:
+            raise ValueError(f"restore_calls must be 0 (off) or more, got {restore_calls}")
         self.app_name = app_name
         self.transport = transport
+        self.restore_calls = restore_calls
+        self.restores = {"restored": 0, "not_restored": 0, "calls_replayed": 0}
+        self._journals: dict[str, Journal] = {}  # session -> its calls (restore_calls > 0)
+        self._turns: dict[str, threading.Lock] = {}  # session -> its calls take turns
+        self._aliases: dict[str, str] = {}  # restored session -> its id at the ingress
         self.ingress = serve.get_app_handle(app_name)
         self._lock = threading.Lock()
         self._pins: dict[str, dict] = {}  # session -> the ingress's open_pinned/locate
@@ -69,9 +98,13 @@ class SessionClient:
         except ServeError as e:
             raise plain(e) from None
         self._replica(where["deployment"])  # its router starts now, not at the first chunk
+        sid = where["session"]
         with self._lock:
-            self._pins[where["session"]] = where
-        return where["session"]
+            self._pins[sid] = where
+            if self.restore_calls:
+                self._journals[sid] = Journal(dict(params or {}), self.restore_calls)
+                self._turns[sid] = threading.Lock()
+        return sid
 
     def chunk(self, sid: str, payload: Any) -> Any:
         return self._call(sid, "step", payload)
@@ -83,10 +116,19 @@ class SessionClient:
         with self._lock:
             self._pins.pop(sid, None)
             self._lost.pop(sid, None)
+            self._journals.pop(sid, None)
+            self._turns.pop(sid, None)
+            known_as = self._aliases.pop(sid, sid)  # a restored session's id at the ingress
         try:
-            self.ingress.close.remote(sid).result()
+            self.ingress.close.remote(known_as).result()
         except ServeError as e:
             raise plain(e) from None
+
+    @property
+    def journal_bytes(self) -> int:
+        """What this client keeps to restore its sessions: their pickled payloads."""
+        with self._lock:
+            return sum(j.nbytes for j in self._journals.values())
 
     def stats(self) -> dict:
         return self.ingress.stats.remote().result()
@@ -116,7 +158,65 @@ class SessionClient:
 
     # ------------------------------------------------------------- the hop
     def _call(self, sid: str, method: str, *args: Any) -> Any:
-        where = self._pin(sid)
+        with self._lock:
+            journal, turn = self._journals.get(sid), self._turns.get(sid)
+        if journal is None:
+            return self._hop(sid, self._pin(sid), method, *args)
+        with turn:  # the journal's order is the order the session got its calls
+            frozen = Journal.freeze(args[0]) if method == "step" else None
+            for attempt in range(RESTORE_ATTEMPTS + 1):
+                try:
+                    out = self._hop(sid, self._pin(sid), method, *args)
+                    break
+                except SessionLost as lost:
+                    if attempt == RESTORE_ATTEMPTS or self._journals.get(sid) is not journal:
+                        raise
+                    self._restore(sid, journal, lost)
+            journal.record(method, frozen, out)
+            return out
+
+    def _restore(self, sid: str, journal: Journal, lost: SessionLost) -> None:
+        """Rebuild lost session ``sid`` from its journal on the replica with the most
+        headroom, or raise ``SessionLost`` saying why it was not."""
+        why = journal.why_not()
+        where = None
+        if why is None:
+            try:
+                where = self.ingress.open_pinned.remote(journal.params).result()
+                self._replica(where["deployment"])
+                new = where["session"]  # a death during the replay loses only this one
+                replayed = journal.replay(lambda m, *a: self._hop(new, where, m, *a))
+            except RestoreDiverged as e:
+                why = str(e)
+            except ServeError as e:  # no place left, the new replica died too, ...
+                why = f"not restored: {plain(e)}"
+            except Exception as e:  # noqa: BLE001 - whatever it was, the restore failed closed
+                why = f"not restored: {type(e).__name__}: {e}"
+        with self._lock:
+            if why is None:
+                self._lost.pop(sid, None)
+                self._pins[sid] = where
+                release, self._aliases[sid] = self._aliases.get(sid, sid), where["session"]
+                self.restores["restored"] += 1
+                self.restores["calls_replayed"] += replayed
+            else:
+                self._journals.pop(sid, None)  # lost for good: later calls fail at once
+                self._lost[sid] = message = f"{lost} ({why})"
+                self.restores["not_restored"] += 1
+                release = where and where["session"]  # the lost one stays for close()
+        self._forget(release)
+        if why is not None:
+            raise SessionLost(message) from None
+
+    def _forget(self, ingress_sid: str | None) -> None:
+        """Close a session at the ingress, whatever is left of it (best effort)."""
+        if ingress_sid:
+            try:
+                self.ingress.close.remote(ingress_sid).result()
+            except Exception:  # noqa: BLE001 - its replica died: nothing to release
+                pass
+
+    def _hop(self, sid: str, where: dict, method: str, *args: Any) -> Any:
         if where["incarnation"] in self._dead:
             raise self._lose(sid, where, "reported by the ingress")
         handle = getattr(self._replica(where["deployment"]), method)
