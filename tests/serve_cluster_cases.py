@@ -246,58 +246,79 @@ def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app, via):
         via.close(f)
 
 
-def test_a_restoring_client_rebuilds_a_killed_replicas_session_exactly(app):
-    """``SessionClient(restore_calls=N)``: a session on a replica that dies is rebuilt
-    on the survivor from its calls and goes on byte for byte as its solo stock run; one
-    with a longer history is lost, saying so; the survivor's own session is untouched."""
+def test_restored_sessions_go_on_byte_for_byte_after_their_replica_dies(app):
+    """``restore_calls``: a session whose replica dies is rebuilt on the survivor from
+    its calls — kept by the ingress for a session it steps (``ServeConfig``), by the
+    client for one it steps (``SessionClient``) — and goes on byte for byte as its solo
+    stock run, reset included; one with a longer history is lost, saying so; the
+    survivor's own sessions are untouched."""
+    import dataclasses
+
     import ray
+    from ray import serve
 
     from duplexcadence.runtime.serve import SessionClient
+    from duplexcadence.runtime.serve.app import start
 
-    rs = _wait_all_up(app)
     limit = 40
-    with SessionClient(TOY.name, restore_calls=limit) as c:
-        # least loaded first, ties to the lower index: A and C on replica 0, B on 1
-        sids = {s: c.open({"seed": s}) for s in (41, 42, 43)}
-        a, b, long_ = sids[41], sids[42], sids[43]
-        where = {s: sids[s].split("-")[1] for s in sids}
-        assert where[41] == where[43] == rs[0]["incarnation"][:8] != where[42]
+    config = dataclasses.replace(TOY, name="serve_toy_restore", max_sessions=4, restore_calls=limit)
+    rapp = start(config, route_prefix="/restore")
+    rs = _wait_all_up(rapp)
+    via = ViaIngress(rapp)
+    with SessionClient(config.name, restore_calls=limit) as c:
+        # least loaded first, ties to the lower index: 51, 53, 55 on replica 0
+        sids = {51: via.open({"seed": 51})}
+        for s in (52, 53, 54, 55):
+            sids[s] = c.open({"seed": s})
+        on = {s: sids[s].split("-")[1] == rs[0]["incarnation"][:8] for s in sids}
+        assert [s for s in sids if on[s]] == [51, 53, 55]
+        driver = {51: via, 52: c, 53: c, 54: c, 55: c}
         got: dict[int, list] = {s: [] for s in sids}
-        for i in range(2):
-            got[41].append(c.chunk(a, x_of(41, i)))
-        c.reset(a)  # the journal holds the reset too: chunk 2 starts a new turn
-        got[41].append(c.chunk(a, x_of(41, 2)))
-        for i in range(limit + 5):  # more calls than a restore replays
-            got[43].append(c.chunk(long_, x_of(43, i)))
-        got[42].append(c.chunk(b, x_of(42, 0)))
+
+        def step(s: int) -> None:
+            got[s].append(driver[s].chunk(sids[s], x_of(s, len(got[s]))))
+
+        for s in (51, 53):  # two chunks, a reset (journaled too), a chunk
+            step(s)
+            step(s)
+            driver[s].reset(sids[s])
+            step(s)
+        for _ in range(limit + 5):  # 55: more calls than a restore replays
+            step(55)
+        step(52)
         victim = next(
             n
             for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
-            if "#replica_0#" in n and TOY.name in n
+            if f"{config.name}#replica_0#" in n
         )
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         lost, t = None, time.time()
         while lost is None and time.time() - t < 10:  # until the death is known
             try:
-                got[43].append(c.chunk(long_, x_of(43, len(got[43]))))
+                step(55)
             except SessionLost as e:
                 lost = str(e)
-            for s, sid in ((41, a), (42, b)):
-                got[s].append(c.chunk(sid, x_of(s, len(got[s]))))
+            for s in (51, 52, 53):
+                step(s)
             time.sleep(0.05)
         assert lost is not None and f"more than the {limit} a restore replays" in lost, lost
-        for _ in range(3):  # after the restore, on the survivor
-            for s, sid in ((41, a), (42, b)):
-                got[s].append(c.chunk(sid, x_of(s, len(got[s]))))
-        assert exact(got[41], 41, reset_at=(2,)) and exact(got[42], 42) and exact(got[43], 43)
-        assert c.restores == {"restored": 1, "not_restored": 1, "calls_replayed": 4}
-        assert c.journal_bytes > 0
+        for _ in range(3):  # after the restores, on the survivor
+            for s in (51, 52, 53):
+                step(s)
+        for s in (51, 53):
+            assert exact(got[s], s, reset_at=(2,)), s
+        assert exact(got[52], 52) and exact(got[55], 55)
+        stats = c.stats()
+        assert stats["restores"] == {"restored": 2, "not_restored": 1, "calls_replayed": 8}
+        assert stats["replicas"][1]["open"] == 4  # 51-54 on the survivor
         with pytest.raises(SessionLost, match="a restore replays"):  # lost for good
-            c.chunk(long_, x_of(43, 0))
-        for sid in sids.values():
-            c.close(sid)
+            c.chunk(sids[55], x_of(55, 0))
+        assert c.journal_bytes > 0
+        for s, sid in sids.items():
+            driver[s].close(sid)
         assert c.journal_bytes == 0
         assert c.stats()["open"] == 0 and c.stats()["lost"] == 0
+    serve.delete(config.name)
 
 
 def test_websocket_session_streams_exact_pcm(app):

@@ -160,7 +160,6 @@ def test_misuse_fails_with_clear_errors(served):
         pool.open(copy.copy(base), state=("__class__",))
 
 
-
 def test_close_during_a_step_waits_for_it_and_loses_nothing(served):
     """A client that hangs up while its chunk runs (the WebSocket closes, the ingress
     closes the session from another thread): the step finishes with its right answer,
@@ -197,6 +196,7 @@ def test_close_during_a_step_waits_for_it_and_loses_nothing(served):
         inner.run(inner.close)
     inner.close()
     assert pool.stats()["open"] == 0
+
 
 def test_plain_binding_serves_threads_one_at_a_time():
     """Without sessions a binding is one stream: callers are serialised (no crash, no

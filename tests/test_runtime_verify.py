@@ -249,7 +249,9 @@ def test_cli_verify_refuses_a_target_that_is_no_adapter(capsys):
     assert rc == 2 and "not a .clock file" in capsys.readouterr().err
 
 
-def test_cli_verify_leaves_no_temporary_package_behind(contract_file, capsys, monkeypatch, tmp_path):
+def test_cli_verify_leaves_no_temporary_package_behind(
+    contract_file, capsys, monkeypatch, tmp_path
+):
     # the compiled package is imported from a temporary folder: verify removes it
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()

@@ -32,7 +32,7 @@ from duplexcadence.runtime.serve import (
 )
 from duplexcadence.runtime.serve.cli import config_of, parse_args
 from duplexcadence.runtime.serve.replica import ReplicaServer
-from duplexcadence.runtime.serve.router import SessionTable
+from duplexcadence.runtime.serve.router import Pin, SessionTable
 
 TESTS = Path(__file__).resolve().parent
 
@@ -68,6 +68,25 @@ def test_table_opens_on_the_most_headroom_and_pins():
     # a failed open releases its place
     t.opened(0, "a" * 32, None)
     assert t.stats()["replicas"][0]["headroom"] == 1
+
+
+def test_table_restores_a_lost_session_under_its_id():
+    t = SessionTable(replicas=2, capacity=2)
+    t.up(0, "a" * 32)
+    t.up(1, "b" * 32)
+    sid = t.opened(*t.choose(), 7)  # on replica 0
+    t.down(0, "a" * 32, "killed")
+    i, inc = t.choose()
+    assert t.stats()["replicas"][1]["headroom"] == 1  # the restore holds its place
+    assert t.opened(i, inc, 3, sid=sid) == sid
+    assert t.lookup(sid) == Pin(1, "b" * 32, 3) and t.stats()["lost"] == 0
+    t.down(1, "b" * 32, "killed too")
+    t.up(0, "c" * 32)
+    i, inc = t.choose()
+    assert t.opened(i, inc, None, sid=sid) is None  # its replay failed: the place is freed
+    assert t.stats()["replicas"][0]["headroom"] == 2
+    with pytest.raises(SessionLost, match="killed too"):  # and the session stays lost
+        t.lookup(sid)
 
 
 def test_table_fails_only_the_dead_replicas_sessions():
@@ -155,6 +174,12 @@ def test_cli_builds_the_config():
     assert config_of(parse_args(["c", "--model", "m:f", "--transport", "grpc"])).transport == "grpc"
     with pytest.raises(ValueError, match="transport must be one of"):
         ServeConfig("c", "m:f", transport="tcp")
+    assert c.restore_calls == 0
+    argv = ["c", "--model", "m:f", "--restore-calls", "64"]
+    assert config_of(parse_args(argv)).restore_calls == 64
+    for bad in (-1, True, 2.5):
+        with pytest.raises(ValueError, match="restore_calls must be 0 \\(off\\) or a positive int"):
+            ServeConfig("c", "m:f", restore_calls=bad)
 
 
 # ------------------------------------------------------------------ real Ray
@@ -175,11 +200,15 @@ def test_tensor_outputs_leave_the_replica_as_numpy():
 
 
 @needs_ray
-def test_a_client_names_the_transports_it_knows():
+def test_a_client_refuses_settings_it_does_not_know():
     from duplexcadence.runtime.serve import SessionClient
 
     with pytest.raises(ValueError, match=r"transport must be one of \('actor', 'grpc'\)"):
         SessionClient("serve_toy", transport="tcp")
+    with pytest.raises(ValueError, match="restore_calls must be 0 \\(off\\) or more"):
+        SessionClient("serve_toy", restore_calls=-1)
+    with pytest.raises(TypeError, match="restore_calls must be an int"):
+        SessionClient("serve_toy", restore_calls=8.0)
 
 
 CLUSTER_CASES = TESTS / "serve_cluster_cases.py"

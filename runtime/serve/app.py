@@ -42,12 +42,14 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 
 from .config import ServeConfig
-from .errors import ServeError, SessionLost, plain
+from .errors import Overloaded, ServeError, SessionLost, plain
+from .journal import Journal, RestoreDiverged
 from .replica import ReplicaServer
 from .router import SessionTable
 
 LOG = logging.getLogger("duplexcadence.serve")
 DEAD = (RayActorError, ReplicaUnavailableError)  # what Ray raises for a replica that died
+RESTORE_ATTEMPTS = 2  # a restored session whose new replica dies too is restored again
 
 
 def replica_name(index: int) -> str:
@@ -124,6 +126,10 @@ class Ingress:
         self.death = asyncio.Event()  # set (and replaced) at every death
         self.watchers: list[asyncio.Task] = []
         self.first_beat: asyncio.Event | None = None
+        self.journals: dict[str, Journal] = {}  # sessions opened here (restore_calls > 0)
+        self.turns: dict[str, asyncio.Lock] = {}  # a journaled session's calls take turns
+        self.restoring: dict[str, asyncio.Lock] = {}
+        self.restores = {"restored": 0, "not_restored": 0, "calls_replayed": 0}
 
     # ------------------------------------------------------------- liveness
     async def _ready(self) -> None:
@@ -194,7 +200,11 @@ class Ingress:
 
     # ------------------------------------------------------------ handle API
     async def open(self, params: dict | None = None) -> str:
-        return (await self.open_pinned(params))["session"]
+        sid = (await self.open_pinned(params))["session"]
+        if self.config.restore_calls:  # its calls come through here: keep them
+            self.journals[sid] = Journal(dict(params or {}), self.config.restore_calls)
+            self.turns[sid] = asyncio.Lock()
+        return sid
 
     async def open_pinned(self, params: dict | None = None) -> dict:
         """``open``, with where the session lives: ``{"session", "replica" (index),
@@ -203,11 +213,7 @@ class Ingress:
         index, incarnation = self.table.choose()  # Overloaded: refused before any work
         local = None
         try:
-            call = self.replicas[index].open.remote(params or {})
-            got, local = await self._on(index, incarnation, call, "(opening)")
-            if got != incarnation:  # the replica was replaced between beat and call
-                local = None
-                raise SessionLost(f"replica {index} was replaced while the session opened")
+            local = await self._open_on(index, incarnation, params or {})
         except SessionLost as e:
             raise SessionLost(f"no session opened: replica {index} died meanwhile ({e})") from None
         finally:
@@ -216,9 +222,73 @@ class Ingress:
             raise SessionLost(f"no session opened: replica {index} died meanwhile")
         return self._where(sid, self.table.lookup(sid))
 
+    async def _open_on(self, index: int, incarnation: str, params: dict) -> int:
+        """A new session on replica ``index`` (a place reserved there); its local id."""
+        call = self.replicas[index].open.remote(params)
+        got, local = await self._on(index, incarnation, call, "(opening)")
+        if got != incarnation:  # the replica was replaced between beat and call
+            raise SessionLost(f"replica {index} was replaced while the session opened")
+        return local
+
+    async def restore(self, sid: str, journal: Journal) -> dict:
+        """Rebuild lost session ``sid`` from its calls (journal.py) on the up replica
+        with the most headroom, under the same id; where it lives now (as ``locate``).
+        ``SessionLost`` saying why not: a history past the journal's limit, other bytes
+        on replay, no place left, or the new replica dying too."""
+        if not isinstance(journal, Journal):
+            raise TypeError(f"restore needs a journal.Journal, got {type(journal).__name__}")
+        async with self.restoring.setdefault(sid, asyncio.Lock()):  # one restore at a time
+            if sid in self.table.pins:  # restored meanwhile (by a concurrent call)
+                return self._where(sid, self.table.lookup(sid))
+            lost = self.table.lost.get(sid)
+            if lost is None:
+                self.table.lookup(sid)  # SessionUnknown: never opened here, or closed
+            why = journal.why_not()
+            if why is None:
+                why = await self._replay(sid, journal)
+            if why is not None:
+                self.restores["not_restored"] += 1
+                raise SessionLost(f"{lost} (not restored: {why})")
+            self.restores["restored"] += 1
+            self.restores["calls_replayed"] += len(journal.calls)
+            LOG.warning("session %s restored on replica %d", sid, self.table.lookup(sid).replica)
+            return self._where(sid, self.table.lookup(sid))
+
+    async def _replay(self, sid: str, journal: Journal) -> str | None:
+        """Open a session for ``journal`` and make its calls again: None once ``sid`` is
+        pinned to it, else why not (the new session closed, its place released)."""
+        await self._ready()
+        try:
+            index, incarnation = self.table.choose()
+        except Overloaded as e:
+            return str(e)
+        local, why = None, None
+        try:
+            local = await self._open_on(index, incarnation, journal.params)
+            for method, args, check in journal.replaying():
+                call = getattr(self.replicas[index], method).remote(incarnation, local, *args)
+                check(await self._on(index, incarnation, call, sid))
+        except Exception as e:  # noqa: BLE001 - whatever it was, the restore fails closed
+            why = str(e) if isinstance(e, (ServeError, RestoreDiverged)) else repr(e)
+            if local is not None and self.table.is_up(index, incarnation):
+                try:
+                    await self.replicas[index].close.remote(incarnation, local)
+                except Exception:  # noqa: BLE001 - best effort: it died meanwhile
+                    pass
+            local = None
+        finally:
+            pinned = self.table.opened(index, incarnation, local, sid=sid)
+        if pinned is None:
+            return why or f"replica {index} died as the replay ended"
+        return None
+
     async def locate(self, sid: str) -> dict:
-        """Where an open session lives (as ``open_pinned``); SessionUnknown / SessionLost."""
-        return self._where(sid, self.table.lookup(sid))
+        """Where an open session lives (as ``open_pinned``); SessionUnknown / SessionLost.
+        A client that asks steps the session itself from now on, so a journal kept here
+        would miss its calls: it is dropped (the client keeps its own)."""
+        where = self._where(sid, self.table.lookup(sid))
+        self.journals.pop(sid, None)
+        return where
 
     def _where(self, sid: str, pin: Any) -> dict:
         return {
@@ -239,16 +309,43 @@ class Ingress:
             await death.wait()
 
     async def chunk(self, sid: str, payload: Any) -> Any:
-        pin = self.table.lookup(sid)  # SessionUnknown / SessionLost
-        call = self.replicas[pin.replica].step.remote(pin.incarnation, pin.local, payload)
-        return await self._on(pin.replica, pin.incarnation, call, sid)
+        return await self._call(sid, "step", payload)
 
     async def reset(self, sid: str) -> None:
-        pin = self.table.lookup(sid)
-        call = self.replicas[pin.replica].reset.remote(pin.incarnation, pin.local)
-        await self._on(pin.replica, pin.incarnation, call, sid)
+        await self._call(sid, "reset")
+
+    async def _call(self, sid: str, method: str, *args: Any) -> Any:
+        """A call of a session on its replica; a journaled session lost meanwhile is
+        restored (``restore``) and the call made there."""
+        journal = self.journals.get(sid)
+        if journal is None:
+            return await self._hop(sid, method, *args)
+        async with self.turns[sid]:  # the journal's order is the order of the calls
+            frozen = Journal.freeze(args[0]) if method == "step" else None
+            for attempt in range(RESTORE_ATTEMPTS + 1):
+                try:
+                    out = await self._hop(sid, method, *args)
+                    break
+                except SessionLost:
+                    if attempt == RESTORE_ATTEMPTS or self.journals.get(sid) is not journal:
+                        raise
+                    try:
+                        await self.restore(sid, journal)
+                    except SessionLost:
+                        self.journals.pop(sid, None)  # lost for good
+                        raise
+            journal.record(method, frozen, out)
+            return out
+
+    async def _hop(self, sid: str, method: str, *args: Any) -> Any:
+        pin = self.table.lookup(sid)  # SessionUnknown / SessionLost
+        call = getattr(self.replicas[pin.replica], method).remote(pin.incarnation, pin.local, *args)
+        return await self._on(pin.replica, pin.incarnation, call, sid)
 
     async def close(self, sid: str) -> None:
+        self.journals.pop(sid, None)
+        self.turns.pop(sid, None)
+        self.restoring.pop(sid, None)
         pin = self.table.close(sid)
         if pin is not None and self.table.is_up(pin.replica, pin.incarnation):
             call = self.replicas[pin.replica].close.remote(pin.incarnation, pin.local)
@@ -268,6 +365,7 @@ class Ingress:
                     )
                 except Exception as e:  # noqa: BLE001 - a dying replica has no stats
                     r["server"] = {"error": f"{type(e).__name__}"}
+        out["restores"] = dict(self.restores)
         return out
 
     async def reset_peak_memory(self) -> None:

@@ -37,6 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lanes", type=int, default=1, help="replay lanes per replica")
     p.add_argument("--max-sessions", type=int, default=4, help="sessions per replica")
+    p.add_argument(
+        "--restore-calls",
+        type=int,
+        default=0,
+        metavar="N",
+        help="rebuild a dead replica's session on another one by replaying its calls, "
+        "while it has made at most N (0: it is lost)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--address", help="a running Ray cluster to join (default: start one)")
@@ -59,6 +67,7 @@ def config_of(args: argparse.Namespace) -> ServeConfig:
         max_sessions=args.max_sessions,
         name=args.name,
         transport=args.transport,
+        restore_calls=args.restore_calls,
     )
 
 

@@ -21,11 +21,12 @@ sessions are untouched.
 
 With ``restore_calls=N`` (off by default) a session this client opened survives its
 replica's death while it has made at most N calls: the client keeps its calls
-(journal.py), and when the session is lost it opens one with the same params on the
-replica with the most headroom, makes the calls again, checks every output against the
-bytes it already returned, and then makes the call that met the death; the caller sees
-only the delay. A session with a longer history, a replay whose bytes differ, or no
-place left gets ``SessionLost`` saying which. ``restores`` counts both outcomes.
+(journal.py), and when the session is lost the ingress rebuilds it from them on the
+replica with the most headroom, under the same id (``Ingress.restore``: every replayed
+output checked against the bytes this client already returned); then the call that met
+the death is made there. The caller sees only the delay. A session with a longer
+history, a replay whose bytes differ, or no place left gets ``SessionLost`` saying
+which; ``stats()["restores"]`` counts both outcomes.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ray import serve
 from .app import DEAD, on_transport
 from .config import TRANSPORTS
 from .errors import ServeError, SessionLost, plain
-from .journal import Journal, RestoreDiverged
+from .journal import Journal
 from .router import lost_message
 
 POLL_S = 0.1  # how often a call in flight looks whether its replica was reported dead
@@ -74,10 +75,8 @@ class SessionClient:
         self.app_name = app_name
         self.transport = transport
         self.restore_calls = restore_calls
-        self.restores = {"restored": 0, "not_restored": 0, "calls_replayed": 0}
         self._journals: dict[str, Journal] = {}  # session -> its calls (restore_calls > 0)
         self._turns: dict[str, threading.Lock] = {}  # session -> its calls take turns
-        self._aliases: dict[str, str] = {}  # restored session -> its id at the ingress
         self.ingress = serve.get_app_handle(app_name)
         self._lock = threading.Lock()
         self._pins: dict[str, dict] = {}  # session -> the ingress's open_pinned/locate
@@ -118,9 +117,8 @@ class SessionClient:
             self._lost.pop(sid, None)
             self._journals.pop(sid, None)
             self._turns.pop(sid, None)
-            known_as = self._aliases.pop(sid, sid)  # a restored session's id at the ingress
         try:
-            self.ingress.close.remote(known_as).result()
+            self.ingress.close.remote(sid).result()
         except ServeError as e:
             raise plain(e) from None
 
@@ -168,53 +166,27 @@ class SessionClient:
                 try:
                     out = self._hop(sid, self._pin(sid), method, *args)
                     break
-                except SessionLost as lost:
+                except SessionLost:
                     if attempt == RESTORE_ATTEMPTS or self._journals.get(sid) is not journal:
                         raise
-                    self._restore(sid, journal, lost)
+                    self._restore(sid, journal)
             journal.record(method, frozen, out)
             return out
 
-    def _restore(self, sid: str, journal: Journal, lost: SessionLost) -> None:
-        """Rebuild lost session ``sid`` from its journal on the replica with the most
-        headroom, or raise ``SessionLost`` saying why it was not."""
-        why = journal.why_not()
-        where = None
-        if why is None:
-            try:
-                where = self.ingress.open_pinned.remote(journal.params).result()
-                self._replica(where["deployment"])
-                new = where["session"]  # a death during the replay loses only this one
-                replayed = journal.replay(lambda m, *a: self._hop(new, where, m, *a))
-            except RestoreDiverged as e:
-                why = str(e)
-            except ServeError as e:  # no place left, the new replica died too, ...
-                why = f"not restored: {plain(e)}"
-            except Exception as e:  # noqa: BLE001 - whatever it was, the restore failed closed
-                why = f"not restored: {type(e).__name__}: {e}"
-        with self._lock:
-            if why is None:
-                self._lost.pop(sid, None)
-                self._pins[sid] = where
-                release, self._aliases[sid] = self._aliases.get(sid, sid), where["session"]
-                self.restores["restored"] += 1
-                self.restores["calls_replayed"] += replayed
-            else:
+    def _restore(self, sid: str, journal: Journal) -> None:
+        """Have the ingress rebuild lost session ``sid`` from this client's journal of
+        it (``Ingress.restore``: same id, another replica), or raise ``SessionLost``."""
+        try:
+            where = self.ingress.restore.remote(sid, journal).result()
+        except ServeError as e:
+            with self._lock:
                 self._journals.pop(sid, None)  # lost for good: later calls fail at once
-                self._lost[sid] = message = f"{lost} ({why})"
-                self.restores["not_restored"] += 1
-                release = where and where["session"]  # the lost one stays for close()
-        self._forget(release)
-        if why is not None:
-            raise SessionLost(message) from None
-
-    def _forget(self, ingress_sid: str | None) -> None:
-        """Close a session at the ingress, whatever is left of it (best effort)."""
-        if ingress_sid:
-            try:
-                self.ingress.close.remote(ingress_sid).result()
-            except Exception:  # noqa: BLE001 - its replica died: nothing to release
-                pass
+                self._lost[sid] = str(plain(e))
+            raise plain(e) from None
+        self._replica(where["deployment"])
+        with self._lock:
+            self._lost.pop(sid, None)
+            self._pins[sid] = where
 
     def _hop(self, sid: str, where: dict, method: str, *args: Any) -> Any:
         if where["incarnation"] in self._dead:

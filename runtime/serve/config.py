@@ -11,7 +11,9 @@ per GPU at the cadence). A replica whose heartbeat stream (one beat every
 ``heartbeat_s``) ends or stalls for ``stall_s`` is taken as dead: its sessions fail.
 ``transport``: how the ingress's calls reach a replica — ``"actor"`` (a Ray actor call,
 Serve's default) or ``"grpc"`` (Serve's direct gRPC transport, which skips the object
-store; ``bench.serve_hop`` times both).
+store; ``bench.serve_hop`` times both). ``restore_calls``: a session opened through the
+ingress whose replica dies is rebuilt on another replica by replaying its calls, while
+it has made at most this many (journal.py); 0 (the default): it is lost.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ class ServeConfig:
     stall_s: float = 10.0
     name: str = "duplexcadence"
     transport: str = "actor"
+    restore_calls: int = 0
 
     def __post_init__(self) -> None:
         for field in ("replicas", "lanes", "max_sessions"):
             v = getattr(self, field)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{field} must be a positive int, got {v!r}")
+        v = self.restore_calls
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"restore_calls must be 0 (off) or a positive int, got {v!r}")
         for field in ("gpus_per_replica", "cpus_per_replica"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field} must not be negative")

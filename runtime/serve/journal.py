@@ -9,6 +9,7 @@ pickled when the call is made, so a caller that reuses its buffer changes nothin
 a SHA-256 of every output the client already returned. ``replay`` must reproduce each
 of those outputs byte for byte, or it fails (``RestoreDiverged``) and the session is
 lost as it would have been without a journal: a restore never hands back other bytes.
+The ingress (app.py) replays it; a SessionClient sends it the journal it kept.
 
 A journal holds at most ``limit`` calls: the call after that drops it (``why_not``
 then says so), since a session that old would take longer to replay than a client
@@ -20,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -77,29 +79,35 @@ class Journal:
         if self.dropped_after is None:
             return None
         return (
-            f"not restored: it had made {self.dropped_after} calls, more than the "
-            f"{self.limit} a restore replays"
+            f"it had made {self.dropped_after} calls, more than the {self.limit} a "
+            f"restore replays"
         )
 
     @property
     def nbytes(self) -> int:
         return sum(len(c.payload or b"") for c in self.calls)
 
-    def replay(self, call: Callable[..., Any]) -> int:
-        """Make every recorded call again through ``call(method, *args)`` (a fresh
-        session's), checking each output against the one recorded; the number of
-        calls made. ``RestoreDiverged`` at the first output that differs."""
+    def replaying(self) -> Iterator[tuple[str, tuple, Callable[[Any], None]]]:
+        """Every recorded call in order, as ``(method, args, check)``: make the call on
+        the fresh session and pass its output to ``check``, which raises
+        ``RestoreDiverged`` if it differs from what the client got the first time."""
         for i, c in enumerate(self.calls):
             if c.method == "reset":
-                call("reset")
-                continue
-            digest = output_digest(call("step", pickle.loads(c.payload)))
-            if digest != c.digest:
-                raise RestoreDiverged(
-                    f"not restored: call {i + 1} of {len(self.calls)} answered other bytes "
-                    f"on replay (sha256 {digest[:12]}, first time {c.digest[:12]})"
-                )
-        return len(self.calls)
+                yield "reset", (), _nothing_to_check
+            else:
+                yield "step", (pickle.loads(c.payload),), partial(self._check, i)
+
+    def _check(self, i: int, output: Any) -> None:
+        digest = output_digest(output)
+        if digest != self.calls[i].digest:
+            raise RestoreDiverged(
+                f"call {i + 1} of {len(self.calls)} answered other bytes on replay "
+                f"(sha256 {digest[:12]}, first time {self.calls[i].digest[:12]})"
+            )
+
+
+def _nothing_to_check(output: Any) -> None:
+    pass
 
 
 __all__ = ["Call", "Journal", "RestoreDiverged", "output_digest"]

@@ -96,14 +96,19 @@ class SessionTable:
         best.opening += 1
         return best.index, best.incarnation
 
-    def opened(self, index: int, incarnation: str, local: int | None) -> str | None:
+    def opened(
+        self, index: int, incarnation: str, local: int | None, sid: str | None = None
+    ) -> str | None:
         """End a reservation: with the replica's session id, pin and return a new
-        session id; with None (the open failed), release the place."""
+        session id — or ``sid``, a lost session restored there, which keeps its id;
+        with None (the open failed), release the place."""
         r = self.replicas[index]
         r.opening -= 1
         if local is None or r.incarnation != incarnation:
             return None
-        sid = f"s{next(self._ids)}-{incarnation[:8]}-{local}"
+        if sid is None:
+            sid = f"s{next(self._ids)}-{incarnation[:8]}-{local}"
+        self.lost.pop(sid, None)
         self.pins[sid] = Pin(index, incarnation, local)
         r.sessions.add(sid)
         return sid
