@@ -309,14 +309,21 @@ def test_restored_sessions_go_on_byte_for_byte_after_their_replica_dies(app):
             assert exact(got[s], s, reset_at=(2,)), s
         assert exact(got[52], 52) and exact(got[55], 55)
         stats = c.stats()
-        assert stats["restores"] == {"restored": 2, "not_restored": 1, "calls_replayed": 8}
+        restores = stats["restores"]
+        assert restores["replay_s"] > 0 and restores["journals"] == 1  # 51's, at the ingress
+        assert restores["journal_bytes"] > 0
+        assert {k: restores[k] for k in ("restored", "not_restored", "calls_replayed")} == {
+            "restored": 2,
+            "not_restored": 1,
+            "calls_replayed": 8,
+        }
         assert stats["replicas"][1]["open"] == 4  # 51-54 on the survivor
         with pytest.raises(SessionLost, match="a restore replays"):  # lost for good
             c.chunk(sids[55], x_of(55, 0))
         assert c.journal_bytes > 0
         for s, sid in sids.items():
             driver[s].close(sid)
-        assert c.journal_bytes == 0
+        assert c.journal_bytes == 0 and c.stats()["restores"]["journals"] == 0
         assert c.stats()["open"] == 0 and c.stats()["lost"] == 0
     serve.delete(config.name)
 

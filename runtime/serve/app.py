@@ -129,7 +129,7 @@ class Ingress:
         self.journals: dict[str, Journal] = {}  # sessions opened here (restore_calls > 0)
         self.turns: dict[str, asyncio.Lock] = {}  # a journaled session's calls take turns
         self.restoring: dict[str, asyncio.Lock] = {}
-        self.restores = {"restored": 0, "not_restored": 0, "calls_replayed": 0}
+        self.restores = {"restored": 0, "not_restored": 0, "calls_replayed": 0, "replay_s": 0.0}
 
     # ------------------------------------------------------------- liveness
     async def _ready(self) -> None:
@@ -243,7 +243,7 @@ class Ingress:
             lost = self.table.lost.get(sid)
             if lost is None:
                 self.table.lookup(sid)  # SessionUnknown: never opened here, or closed
-            why = journal.why_not()
+            why, began = journal.why_not(), time.perf_counter()
             if why is None:
                 why = await self._replay(sid, journal)
             if why is not None:
@@ -251,6 +251,7 @@ class Ingress:
                 raise SessionLost(f"{lost} (not restored: {why})")
             self.restores["restored"] += 1
             self.restores["calls_replayed"] += len(journal.calls)
+            self.restores["replay_s"] += time.perf_counter() - began
             LOG.warning("session %s restored on replica %d", sid, self.table.lookup(sid).replica)
             return self._where(sid, self.table.lookup(sid))
 
@@ -365,7 +366,11 @@ class Ingress:
                     )
                 except Exception as e:  # noqa: BLE001 - a dying replica has no stats
                     r["server"] = {"error": f"{type(e).__name__}"}
-        out["restores"] = dict(self.restores)
+        out["restores"] = {
+            **self.restores,
+            "journals": len(self.journals),  # sessions stepped here whose calls are kept
+            "journal_bytes": sum(j.nbytes for j in self.journals.values()),
+        }
         return out
 
     async def reset_peak_memory(self) -> None:
