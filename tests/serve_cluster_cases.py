@@ -328,6 +328,44 @@ def test_restored_sessions_go_on_byte_for_byte_after_their_replica_dies(app):
     serve.delete(config.name)
 
 
+def test_sessions_without_calls_expire_and_free_their_places(app):
+    """``idle_timeout_s``: a session nobody calls (its client vanished) is closed by its
+    replica and its place freed at the ingress; a late call is told why, a late close
+    is no error, and a session that keeps calling is untouched."""
+    import dataclasses
+
+    from ray import serve
+
+    from duplexcadence.runtime.serve import SessionClient
+    from duplexcadence.runtime.serve.app import start
+
+    config = dataclasses.replace(TOY, name="serve_toy_idle", idle_timeout_s=1.0)
+    iapp = start(config, route_prefix="/idle")
+    _wait_all_up(iapp)
+    via = ViaIngress(iapp)
+    with SessionClient(config.name) as c:
+        quiet = {61: via.open({"seed": 61}), 62: c.open({"seed": 62})}
+        busy = c.open({"seed": 63})
+        got = [c.chunk(busy, x_of(63, 0))]
+        for s, sid in quiet.items():
+            (via if s == 61 else c).chunk(sid, x_of(s, 0))
+        t = time.time()
+        while iapp.stats.remote().result()["open"] > 1 and time.time() - t < 10:
+            got.append(c.chunk(busy, x_of(63, len(got))))  # a call every 0.2 s
+            time.sleep(0.2)
+        stats = iapp.stats.remote().result()
+        assert stats["open"] == 1 and stats["expired"] == 2, stats
+        assert exact(got, 63) and len(got) >= 5  # it kept calling, and kept its state
+        for s, sid in quiet.items():
+            with pytest.raises(SessionUnknown, match="no call for 1 s"):
+                (via if s == 61 else c).chunk(sid, x_of(s, 1))
+            (via if s == 61 else c).close(sid)  # no error: it is already closed
+        fresh = [via.open({"seed": s}) for s in (64, 65, 66)]  # 4 places: all free again
+        for sid in [*fresh, busy]:
+            via.close(sid)
+    serve.delete(config.name)
+
+
 def test_websocket_session_streams_exact_pcm(app):
     import json
 

@@ -130,6 +130,65 @@ def test_replica_server_refuses_over_capacity_and_stale_incarnations(monkeypatch
     assert r.headroom() == 1  # a refused open holds no place
 
 
+def test_a_replica_expires_idle_sessions_but_never_one_in_a_call(monkeypatch):
+    import dataclasses
+    import threading
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    r = ReplicaServer(dataclasses.replace(TOY, idle_timeout_s=5.0))
+    now = [100.0]
+    r.clock = lambda: now[0]
+    a, b = r.open({"seed": 1}), r.open({"seed": 2})
+    now[0] = 104.0
+    got = [r.step(r.incarnation, a, x_of(1, 0))]  # a's last call: 104
+    now[0] = 106.0
+    assert r.expire_idle() == [b] and r.recently_expired(10.0) == [b]
+    assert r.headroom() == 1  # b's place is free
+    with pytest.raises(SessionUnknown, match=f"session {b} .* no call for 5 s .*closed"):
+        r.step(r.incarnation, b, x_of(2, 0))
+    # a call that outlasts the timeout keeps its session: idle counts from its end
+    entered, release = threading.Event(), threading.Event()
+    step = r.spec.step
+
+    def slow_step(session, x):
+        entered.set()
+        release.wait(10)
+        return step(session, x)
+
+    r.spec = dataclasses.replace(r.spec, step=slow_step)
+    th = threading.Thread(target=lambda: got.append(r.step(r.incarnation, a, x_of(1, 1))))
+    th.start()
+    assert entered.wait(10)
+    now[0] = 200.0
+    assert r.expire_idle() == []
+    release.set()
+    th.join(10)
+    now[0] = 204.0
+    assert r.expire_idle() == [] and exact(got, 1)
+    now[0] = 205.5
+    assert r.expire_idle() == [a] and r.headroom() == 2
+    assert r.recently_expired(10.0) == [a]  # b's expiry is older than 10 s
+
+
+def test_table_frees_the_places_of_sessions_their_replica_expired():
+    t = SessionTable(replicas=2, capacity=1)
+    t.up(0, "a" * 32)
+    t.up(1, "b" * 32)
+    s0, s1 = t.opened(*t.choose(), 4), t.opened(*t.choose(), 9)
+    with pytest.raises(Overloaded):
+        t.choose()
+    assert t.expire(1, "b" * 32, [9, 77], "idle") == [s1]
+    assert t.expire(1, "b" * 32, [9], "idle") == []  # a later beat repeats it: once
+    assert t.expire(0, "x" * 32, [4], "idle") == []  # another incarnation's ids
+    assert t.choose()[0] == 1  # its place is free
+    with pytest.raises(SessionUnknown, match=f"session {s1} was closed by replica 1: idle"):
+        t.lookup(s1)
+    assert t.lookup(s0).local == 4 and t.stats()["expired"] == 1
+    t.close(s1)  # closing an expired session only forgets it
+    with pytest.raises(SessionUnknown, match="never opened here, or closed"):
+        t.lookup(s1)
+
+
 @pytest.mark.cuda
 def test_a_cuda_replica_reports_its_device_memory(monkeypatch):
     import torch
@@ -177,6 +236,12 @@ def test_cli_builds_the_config():
     assert c.restore_calls == 0
     argv = ["c", "--model", "m:f", "--restore-calls", "64"]
     assert config_of(parse_args(argv)).restore_calls == 64
+    assert c.idle_timeout_s is None
+    argv = ["c", "--model", "m:f", "--idle-timeout-s", "30"]
+    assert config_of(parse_args(argv)).idle_timeout_s == 30.0
+    for bad in (0, -1.0, True, "30"):
+        with pytest.raises(ValueError, match="idle_timeout_s must be None"):
+            ServeConfig("c", "m:f", idle_timeout_s=bad)
     for bad in (-1, True, 2.5):
         with pytest.raises(ValueError, match="restore_calls must be 0 \\(off\\) or a positive int"):
             ServeConfig("c", "m:f", restore_calls=bad)

@@ -42,7 +42,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 
 from .config import ServeConfig
-from .errors import Overloaded, ServeError, SessionLost, plain
+from .errors import Overloaded, ServeError, SessionLost, SessionUnknown, plain
 from .journal import Journal, RestoreDiverged
 from .replica import ReplicaServer
 from .router import SessionTable
@@ -104,10 +104,19 @@ class Replica:
         await self._call(self.server.reset_peak_memory)
 
     async def watch(self, period_s: float) -> AsyncIterator[dict]:
-        """The heartbeat stream: the ingress learns the replica's incarnation here and
-        learns its death when Ray ends this stream with an error."""
+        """The heartbeat stream: the ingress learns the replica's incarnation here,
+        its death when Ray ends this stream with an error, and the sessions it closed
+        for the idle timeout (``expire_idle`` runs before each beat)."""
+        idle_timeout = self.server.config.idle_timeout_s
         while True:
-            yield {"incarnation": self.server.incarnation, "headroom": self.server.headroom()}
+            if idle_timeout is not None:
+                await self._call(self.server.expire_idle)
+            yield {
+                "incarnation": self.server.incarnation,
+                "headroom": self.server.headroom(),
+                # repeated for stall_s: a live stream shows the ingress each one
+                "expired": self.server.recently_expired(self.server.config.stall_s),
+            }
             await asyncio.sleep(period_s)
 
 
@@ -155,6 +164,8 @@ class Ingress:
                         for sid in self.table.up(index, incarnation):
                             LOG.warning("%s", self.table.lost.get(sid))
                         self.first_beat.set()
+                    if beat.get("expired"):
+                        self._expired(index, incarnation, beat["expired"])
             except asyncio.TimeoutError:
                 why = f"no heartbeat for {self.config.stall_s:.1f} s"
             except Exception as e:  # noqa: BLE001 - any end of the stream is a death
@@ -172,6 +183,14 @@ class Ingress:
             self.death = asyncio.Event()
         if lost:
             LOG.warning("replica %d (%s) died (%s): %d session(s) lost", index, incarnation[:8], why, len(lost))  # fmt: skip
+
+    def _expired(self, index: int, incarnation: str, local_ids: list[int]) -> None:
+        """Replica ``index`` closed these sessions for want of calls: free their places."""
+        why = f"no call for {self.config.idle_timeout_s:g} s (the idle timeout)"
+        for sid in self.table.expire(index, incarnation, local_ids, why):
+            self.journals.pop(sid, None)
+            self.turns.pop(sid, None)
+            LOG.info("session %s expired: %s", sid, why)
 
     def _gone(self, index: int, incarnation: str) -> asyncio.Event:
         return self.gone.setdefault((index, incarnation), asyncio.Event())
@@ -354,6 +373,8 @@ class Ingress:
                 await self._on(pin.replica, pin.incarnation, call, sid)
             except SessionLost:
                 pass  # its replica died meanwhile: nothing is left to release
+            except SessionUnknown:
+                pass  # its replica expired it (idle) before this table heard: closed
 
     async def stats(self) -> dict:
         await self._ready()

@@ -45,6 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rebuild a dead replica's session on another one by replaying its calls, "
         "while it has made at most N (0: it is lost)",
     )
+    p.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="close a session with no call for S seconds, freeing its place (default: never)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--address", help="a running Ray cluster to join (default: start one)")
@@ -68,6 +75,7 @@ def config_of(args: argparse.Namespace) -> ServeConfig:
         name=args.name,
         transport=args.transport,
         restore_calls=args.restore_calls,
+        idle_timeout_s=args.idle_timeout_s,
     )
 
 

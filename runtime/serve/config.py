@@ -14,6 +14,9 @@ Serve's default) or ``"grpc"`` (Serve's direct gRPC transport, which skips the o
 store; ``bench.serve_hop`` times both). ``restore_calls``: a session opened through the
 ingress whose replica dies is rebuilt on another replica by replaying its calls, while
 it has made at most this many (journal.py); 0 (the default): it is lost.
+``idle_timeout_s``: a session with no call for this long is closed by its replica and
+its place freed (a client that vanished without closing would hold it for good); None
+(the default): sessions live until closed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class ServeConfig:
     name: str = "duplexcadence"
     transport: str = "actor"
     restore_calls: int = 0
+    idle_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("replicas", "lanes", "max_sessions"):
@@ -51,6 +55,9 @@ class ServeConfig:
                 raise ValueError(f"{field} must not be negative")
         if not 0 < self.heartbeat_s < self.stall_s:
             raise ValueError("need 0 < heartbeat_s < stall_s")
+        t = self.idle_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
+            raise ValueError(f"idle_timeout_s must be None (never) or seconds > 0, got {t!r}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
 

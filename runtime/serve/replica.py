@@ -8,14 +8,19 @@ any work, so the open ones keep their cadence. Every call names the replica's
 ``incarnation`` (a fresh id per process): a call meant for a replica that has died and
 been replaced meets a new incarnation and fails with ``SessionLost``, never with
 another session's state. Calls run from any thread; a session's steps are sequential
-(the pool refuses two at once).
+(the pool refuses two at once). With ``config.idle_timeout_s``, ``expire_idle()`` closes
+every session that has had no call for that long and is not in one (a client that
+vanished without closing would otherwise hold its place for good); a later call of it
+is told so (``SessionUnknown``), and ``recently_expired()`` names them for the ingress.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+import time
 import uuid
+from collections import OrderedDict
 from typing import Any, Mapping
 
 import torch
@@ -23,6 +28,8 @@ import torch
 from .config import ServeConfig
 from .errors import Overloaded, SessionLost, SessionUnknown
 from .model import load_served_model
+
+EXPIRED_KEPT = 4096  # expired sessions remembered, to answer a late call by name
 
 
 class ReplicaServer:
@@ -50,6 +57,10 @@ class ReplicaServer:
         self._sessions: dict[int, Any] = {}
         self._opening = 0
         self.refused = 0
+        self.clock = time.monotonic  # where call times come from (a test's fake clock)
+        self._last_call: dict[int, float] = {}  # session -> self.clock() at its last call
+        self._in_call: dict[int, int] = {}  # session -> calls running (never expired then)
+        self._expired: OrderedDict[int, tuple[float, str]] = OrderedDict()  # -> (when, why)
 
     # ---------------------------------------------------------------- sessions
     def open(self, params: Mapping[str, Any]) -> int:
@@ -73,29 +84,91 @@ class ReplicaServer:
                 self._opening -= 1
         with self._lock:
             self._sessions[session.id] = session
+            self._last_call[session.id] = self.clock()
         return session.id
 
     def step(self, incarnation: str, sid: int, payload: Any) -> Any:
-        return self.spec.step(self._session(incarnation, sid), payload)
+        session = self._enter(incarnation, sid)
+        try:
+            return self.spec.step(session, payload)
+        finally:
+            self._leave(sid)
 
     def reset(self, incarnation: str, sid: int) -> None:
-        self.spec.reset(self._session(incarnation, sid))
+        session = self._enter(incarnation, sid)
+        try:
+            self.spec.reset(session)
+        finally:
+            self._leave(sid)
 
     def close(self, incarnation: str, sid: int) -> None:
-        session = self._session(incarnation, sid)
         with self._lock:
-            self._sessions.pop(sid, None)
+            session = self._session(incarnation, sid)
+            self._forget(sid)
         session.close()
 
-    def _session(self, incarnation: str, sid: int) -> Any:
+    def expire_idle(self) -> list[int]:
+        """Close every session with no call for ``config.idle_timeout_s`` and none
+        running; their ids."""
+        timeout = self.config.idle_timeout_s
+        if timeout is None:
+            return []
+        now = self.clock()
+        why = f"no call for {timeout:g} s (the idle timeout): it was closed"
+        with self._lock:
+            idle = [
+                sid
+                for sid, at in self._last_call.items()
+                if now - at > timeout and not self._in_call.get(sid)
+            ]
+            sessions = [self._sessions[sid] for sid in idle]
+            for sid in idle:
+                self._forget(sid)
+                self._expired[sid] = (now, why)
+            while len(self._expired) > EXPIRED_KEPT:
+                self._expired.popitem(last=False)
+        for session in sessions:
+            session.close()
+        return idle
+
+    def recently_expired(self, within_s: float) -> list[int]:
+        """Sessions expired in the last ``within_s`` seconds (every heartbeat repeats
+        them, so the ingress sees each one while its stream lives)."""
+        now = self.clock()
+        with self._lock:
+            return [sid for sid, (at, _) in self._expired.items() if now - at <= within_s]
+
+    def _enter(self, incarnation: str, sid: int) -> Any:
+        """The session, marked as in a call (not idle) until ``_leave``."""
+        with self._lock:
+            session = self._session(incarnation, sid)
+            self._in_call[sid] = self._in_call.get(sid, 0) + 1
+        return session
+
+    def _leave(self, sid: int) -> None:
+        with self._lock:
+            if sid in self._sessions:
+                self._in_call[sid] -= 1
+                self._last_call[sid] = self.clock()
+
+    def _forget(self, sid: int) -> None:  # under self._lock
+        self._sessions.pop(sid, None)
+        self._last_call.pop(sid, None)
+        self._in_call.pop(sid, None)
+
+    def _session(self, incarnation: str, sid: int) -> Any:  # under self._lock
         if incarnation != self.incarnation:
             raise SessionLost(
                 f"session {sid} was held by replica {incarnation[:8]}, which died "
                 f"(replaced by {self.incarnation[:8]}): its state is gone"
             )
-        with self._lock:
-            session = self._sessions.get(sid)
+        session = self._sessions.get(sid)
         if session is None:
+            if sid in self._expired:
+                raise SessionUnknown(
+                    f"session {sid} on replica {self.incarnation[:8]} had "
+                    f"{self._expired[sid][1]}"
+                )
             raise SessionUnknown(f"no open session {sid} on replica {self.incarnation[:8]}")
         return session
 

@@ -8,15 +8,20 @@ numbers, ``ServeConfig.max_sessions``) and reserves a place there; every later r
 of that session is routed by ``lookup`` to the same replica and incarnation. ``down``
 fails every session of that incarnation at once: their next (or in-flight) request gets
 ``SessionLost``; sessions elsewhere are untouched. No replica with headroom: ``Overloaded``
-at open, never a missed deadline later.
+at open, never a missed deadline later. ``expire`` forgets sessions their replica closed
+for want of calls (the idle timeout): their places are free, and a later request of one
+gets ``SessionUnknown`` saying why.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .errors import Overloaded, SessionLost, SessionUnknown
+
+CLOSED_KEPT = 10_000  # expired sessions remembered, to answer a late request by name
 
 
 def lost_message(sid: str, index: int, incarnation: str, why: str) -> str:
@@ -51,6 +56,8 @@ class SessionTable:
         self.replicas = [_Replica(i, capacity) for i in range(replicas)]
         self.pins: dict[str, Pin] = {}
         self.lost: dict[str, str] = {}  # session -> why (until the client closes it)
+        self.expired: OrderedDict[str, str] = OrderedDict()  # session -> why (the latest)
+        self.expired_count = 0
         self._ids = itertools.count()
         self.refused = 0
 
@@ -77,6 +84,23 @@ class SessionTable:
             self.lost[sid] = lost_message(sid, index, incarnation, why)
         r.sessions.clear()
         return lost
+
+    def expire(self, index: int, incarnation: str, local_ids: list[int], why: str) -> list[str]:
+        """Replica ``index`` under ``incarnation`` closed these sessions (its ids) for
+        want of calls: forget them and free their places; the sessions expired now."""
+        r = self.replicas[index]
+        if r.incarnation != incarnation:
+            return []  # its sessions went with it
+        gone = set(local_ids)
+        expired = sorted(sid for sid in r.sessions if self.pins[sid].local in gone)
+        for sid in expired:
+            del self.pins[sid]
+            r.sessions.discard(sid)
+            self.expired[sid] = f"session {sid} was closed by replica {index}: {why}"
+            self.expired_count += 1
+        while len(self.expired) > CLOSED_KEPT:
+            self.expired.popitem(last=False)
+        return expired
 
     def is_up(self, index: int, incarnation: str) -> bool:
         return self.replicas[index].incarnation == incarnation
@@ -119,11 +143,13 @@ class SessionTable:
             return pin
         if sid in self.lost:
             raise SessionLost(self.lost[sid])
+        if sid in self.expired:
+            raise SessionUnknown(self.expired[sid])
         raise SessionUnknown(f"no open session {sid!r}: never opened here, or closed")
 
     def close(self, sid: str) -> Pin | None:
         """Forget the session; its pin if it was open (a lost one is only forgotten)."""
-        if self.lost.pop(sid, None) is not None:
+        if self.lost.pop(sid, None) is not None or self.expired.pop(sid, None) is not None:
             return None
         pin = self.lookup(sid)
         del self.pins[sid]
@@ -144,5 +170,6 @@ class SessionTable:
             ],
             "open": len(self.pins),
             "lost": len(self.lost),
+            "expired": self.expired_count,
             "refused": self.refused,
         }
