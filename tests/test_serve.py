@@ -276,6 +276,41 @@ def test_a_client_refuses_settings_it_does_not_know():
         SessionClient("serve_toy", restore_calls=8.0)
 
 
+def test_a_config_from_serve_args_coerces_strings_and_names_what_is_wrong():
+    # `serve run ...:app_builder replicas=2` hands every value over as a string
+    c = ServeConfig.from_args({"contract": "p.c", "model": "m:f", "replicas": "2", "idle_timeout_s": "30"})  # fmt: skip
+    assert (c.replicas, c.idle_timeout_s, c.lanes) == (2, 30.0, 1)
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['replica'\]; the settings are"):
+        ServeConfig.from_args({"contract": "p.c", "model": "m:f", "replica": 2})
+    with pytest.raises(ValueError, match="replicas: Input should be a valid integer"):
+        ServeConfig.from_args({"contract": "p.c", "model": "m:f", "replicas": "two"})
+    with pytest.raises(ValueError, match="model: Field required"):
+        ServeConfig.from_args({"contract": "p.c"})
+    with pytest.raises(ValueError, match="replicas must be a positive int"):
+        ServeConfig.from_args({"contract": "p.c", "model": "m:f", "replicas": "0"})
+    with pytest.raises(ValueError, match="args must be a mapping"):
+        ServeConfig.from_args(["contract=p.c"])
+
+
+@needs_ray
+def test_the_shipped_serve_config_file_is_valid_and_builds():
+    import importlib
+
+    import yaml
+    from ray.serve import Application
+    from ray.serve.schema import ServeDeploySchema
+
+    path = TESTS.parent / "docs" / "serve_token2wav.yaml"
+    schema = ServeDeploySchema.parse_obj(yaml.safe_load(path.read_text()))
+    (app,) = schema.applications
+    module, _, fn = app.import_path.partition(":")
+    built = getattr(importlib.import_module(module), fn)(app.args)
+    assert isinstance(built, Application)
+    assert app.args["name"] == app.name  # a SessionClient finds the replicas by it
+    config = ServeConfig.from_args(app.args)
+    assert (config.replicas, config.gpus_per_replica, config.device) == (2, 1.0, "cuda")
+
+
 CLUSTER_CASES = TESTS / "serve_cluster_cases.py"
 
 

@@ -454,6 +454,15 @@ def build_app(config: ServeConfig) -> Any:
     return Ingress.options(ray_actor_options={"num_cpus": 0}).bind(config, *replicas)
 
 
+def app_builder(args: dict) -> Any:
+    """The application for Ray Serve's own tools: ``serve run
+    duplexcadence.runtime.serve.app:app_builder contract=... model=... replicas=2``, or a
+    config file's ``import_path`` with its ``args`` (``serve deploy`` on a running cluster;
+    docs/serve_token2wav.yaml). ``args`` are ServeConfig's settings; give ``name`` the
+    application's name, which a SessionClient looks the replicas up by."""
+    return build_app(ServeConfig.from_args(args))
+
+
 def init_local(
     *,
     num_cpus: int | None = None,

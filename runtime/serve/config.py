@@ -21,7 +21,8 @@ its place freed (a client that vanished without closing would hold it for good);
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 TRANSPORTS = ("actor", "grpc")  # how a call reaches a replica (the ingress's, a client's)
 
@@ -60,6 +61,28 @@ class ServeConfig:
             raise ValueError(f"idle_timeout_s must be None (never) or seconds > 0, got {t!r}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> "ServeConfig":
+        """The config of a ``serve run`` / ``serve deploy`` application's ``args`` (app.py,
+        ``app_builder``): a YAML file's typed values, or ``key=value`` strings from the
+        command line, coerced to each setting's type; an unknown key or a bad value is a
+        ``ValueError`` that names it."""
+        from pydantic import TypeAdapter, ValidationError  # a core dependency
+
+        if not isinstance(args, Mapping):
+            raise ValueError(f"args must be a mapping of setting to value, got {type(args).__name__}")  # fmt: skip
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(args) - set(known))
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}; the settings are {known}")
+        try:
+            return TypeAdapter(cls).validate_python(dict(args))
+        except ValidationError as e:
+            problems = [
+                f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors()
+            ]
+            raise ValueError("; ".join(problems)) from None
 
     @property
     def device(self) -> str:
