@@ -456,3 +456,41 @@ def test_an_ingress_on_grpc_serves_exact_sessions_and_loses_a_killed_replicas(ap
         except SessionLost:
             pass
     serve.delete(config.name)
+
+
+def test_a_restarted_ingress_keeps_every_open_session(app, client):
+    """Serve restarts a killed ingress with an empty table; it adopts what each replica
+    reports open, under the same ids: a client's session and an ingress-path session go
+    on byte for byte through it, close normally, and their places are counted. Last in
+    this file: the ingress it kills is the module's."""
+    import ray
+
+    rs = _wait_all_up(app)
+    a = client.open({"seed": 71})
+    b = app.open.remote({"seed": 72}).result()
+    got = {71: [client.chunk(a, x_of(71, 0))], 72: [app.chunk.remote(b, x_of(72, 0)).result()]}
+    victim = next(
+        n
+        for n in (x["name"] for x in ray.util.list_named_actors(all_namespaces=True))
+        if f"{TOY.name}#Ingress#" in n
+    )
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    t = time.time()
+    while time.time() - t < 30:  # until the new ingress answers for both sessions
+        got[71].append(client.chunk(a, x_of(71, len(got[71]))))  # straight to the replica
+        try:
+            got[72].append(app.chunk.remote(b, x_of(72, len(got[72]))).result(timeout_s=10))
+            if app.stats.remote().result()["open"] == 2:
+                break
+        except Exception:  # noqa: BLE001 - the ingress is down or starting
+            pass
+        time.sleep(0.2)
+    stats = app.stats.remote().result()
+    assert stats["open"] == 2 and [r["incarnation"] for r in stats["replicas"]] == [
+        r["incarnation"] for r in rs
+    ]
+    got[72].append(app.chunk.remote(b, x_of(72, len(got[72]))).result())
+    assert exact(got[71], 71) and exact(got[72], 72) and len(got[72]) >= 3
+    client.close(a)
+    app.close.remote(b).result()
+    assert app.stats.remote().result()["open"] == 0

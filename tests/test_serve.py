@@ -32,7 +32,7 @@ from duplexcadence.runtime.serve import (
 )
 from duplexcadence.runtime.serve.cli import config_of, parse_args
 from duplexcadence.runtime.serve.replica import ReplicaServer
-from duplexcadence.runtime.serve.router import Pin, SessionTable
+from duplexcadence.runtime.serve.router import Pin, SessionTable, session_id
 
 TESTS = Path(__file__).resolve().parent
 
@@ -168,6 +168,25 @@ def test_a_replica_expires_idle_sessions_but_never_one_in_a_call(monkeypatch):
     now[0] = 205.5
     assert r.expire_idle() == [a] and r.headroom() == 2
     assert r.recently_expired(10.0) == [a]  # b's expiry is older than 10 s
+
+
+def test_a_restarted_ingress_adopts_the_sessions_its_replicas_hold():
+    first = SessionTable(replicas=1, capacity=3)
+    first.up(0, "a" * 32)
+    sids = [first.opened(*first.choose(), local) for local in (4, 7)]
+    first.down(0, "a" * 32, "killed")  # 4 and 7 are lost to their clients...
+    again = SessionTable(replicas=1, capacity=3)  # ...while a fresh table knows nothing
+    again.up(0, "b" * 32, open_ids=[4, 7])  # the next incarnation's first beat
+    assert again.lookup(session_id("b" * 32, 4)) == Pin(0, "b" * 32, 4)
+    assert again.stats()["replicas"][0]["headroom"] == 1  # its places are taken
+    # the same ids a restarted ingress meets: what the old table named them
+    restarted = SessionTable(replicas=1, capacity=3)
+    restarted.up(0, "a" * 32, open_ids=[4, 7])
+    assert [restarted.lookup(sid).local for sid in sids] == [4, 7]
+    # a session declared lost stays lost even if its replica still reports it
+    first.up(0, "a" * 32, open_ids=[4, 7])
+    with pytest.raises(SessionLost, match="killed"):
+        first.lookup(sids[0])
 
 
 def test_table_frees_the_places_of_sessions_their_replica_expired():

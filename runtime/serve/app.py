@@ -14,7 +14,9 @@ local (embedded) Ray cluster and returns the ingress handle.
   know no affinity. A heartbeat stream per replica (``watch``) tells the ingress a
   replica died the moment Ray ends the stream: its sessions fail at once — a request in
   flight and every later one get ``SessionLost`` — while Serve starts a replacement,
-  which comes up under a new incarnation with empty sessions. Methods (handle API):
+  which comes up under a new incarnation with empty sessions. A restarted ingress adopts
+  every session its replicas report open (router.session_id names a session by its
+  replica's incarnation and its id there). Methods (handle API):
   ``open(params) -> session id``, ``chunk(id, payload) -> output``, ``reset(id)``,
   ``close(id)``, ``stats()``; over HTTP, the WebSocket ``/sessions`` (``websocket``).
   For a client that steps sessions on their replica itself (client.SessionClient: one
@@ -114,6 +116,7 @@ class Replica:
             yield {
                 "incarnation": self.server.incarnation,
                 "headroom": self.server.headroom(),
+                "open": self.server.open_ids(),  # what a restarted ingress adopts
                 # repeated for stall_s: a live stream shows the ingress each one
                 "expired": self.server.recently_expired(self.server.config.stall_s),
             }
@@ -161,7 +164,7 @@ class Ingress:
                         if incarnation is not None:
                             self._down(index, incarnation, "it was replaced")
                         incarnation = beat["incarnation"]
-                        for sid in self.table.up(index, incarnation):
+                        for sid in self.table.up(index, incarnation, beat.get("open", ())):
                             LOG.warning("%s", self.table.lost.get(sid))
                         self.first_beat.set()
                     if beat.get("expired"):

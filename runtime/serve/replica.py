@@ -131,6 +131,11 @@ class ReplicaServer:
             session.close()
         return idle
 
+    def open_ids(self) -> list[int]:
+        """The sessions open here (a restarted ingress adopts them from a heartbeat)."""
+        with self._lock:
+            return sorted(self._sessions)
+
     def recently_expired(self, within_s: float) -> list[int]:
         """Sessions expired in the last ``within_s`` seconds (every heartbeat repeats
         them, so the ingress sees each one while its stream lives)."""

@@ -15,9 +15,9 @@ gets ``SessionUnknown`` saying why.
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from .errors import Overloaded, SessionLost, SessionUnknown
 
@@ -29,6 +29,13 @@ def lost_message(sid: str, index: int, incarnation: str, why: str) -> str:
         f"session {sid} is lost: replica {index} ({incarnation[:8]}) died ({why}); "
         f"its state is gone, open a new session"
     )
+
+
+def session_id(incarnation: str, local: int) -> str:
+    """A session's id: its replica's incarnation and its id there. Nothing else goes in,
+    so an ingress that Serve restarts names every open session as its predecessor did
+    (``up`` adopts what a replica reports open) and its clients' ids stay valid."""
+    return f"s-{incarnation[:8]}-{local}"
 
 
 @dataclass(frozen=True)
@@ -58,18 +65,25 @@ class SessionTable:
         self.lost: dict[str, str] = {}  # session -> why (until the client closes it)
         self.expired: OrderedDict[str, str] = OrderedDict()  # session -> why (the latest)
         self.expired_count = 0
-        self._ids = itertools.count()
         self.refused = 0
 
     # ---------------------------------------------------------------- replicas
-    def up(self, index: int, incarnation: str) -> list[str]:
-        """Replica ``index`` answers as ``incarnation``; a different one than before
-        means the old one died: its sessions are returned as lost."""
+    def up(self, index: int, incarnation: str, open_ids: Iterable[int] = ()) -> list[str]:
+        """Replica ``index`` answers as ``incarnation``, holding sessions ``open_ids``
+        (its ids); a different incarnation than before means the old one died: its
+        sessions are returned as lost. Open sessions this table does not know (it is a
+        restarted ingress's) are adopted under their ids; one already declared lost to
+        its client stays lost."""
         r = self.replicas[index]
         lost = []
         if r.incarnation is not None and r.incarnation != incarnation:
             lost = self.down(index, r.incarnation, "it was replaced")
         r.incarnation = incarnation
+        for local in open_ids:
+            sid = session_id(incarnation, local)
+            if sid not in self.pins and sid not in self.lost:
+                self.pins[sid] = Pin(index, incarnation, local)
+                r.sessions.add(sid)
         return lost
 
     def down(self, index: int, incarnation: str, why: str) -> list[str]:
@@ -131,7 +145,7 @@ class SessionTable:
         if local is None or r.incarnation != incarnation:
             return None
         if sid is None:
-            sid = f"s{next(self._ids)}-{incarnation[:8]}-{local}"
+            sid = session_id(incarnation, local)
         self.lost.pop(sid, None)
         self.pins[sid] = Pin(index, incarnation, local)
         r.sessions.add(sid)
