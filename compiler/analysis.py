@@ -303,7 +303,7 @@ def analyse_callable(
             extents = tuple(zip(region_args, state))
             for config in reps.values():
                 classes.append(CatalogClass(extents=extents, config=tuple(config.items())))
-                staging += _staging(k, checked, regions, dict(extents), config)
+                staging += _staging(k, checked, dict(extents), config)
     write_through = sum(regions[r].demand_bytes for r in k.writes if r in regions)
     in_scope, reason = _scope(k, width, enumerated, widths, checked.budget)
     return CallableAnalysis(
@@ -369,20 +369,15 @@ def _scope(k: ir.Callable, width: int, enumerated: bool, widths, budget: int):
     return True, "exact catalog within budget"
 
 
-def _staging(k: ir.Callable, checked: Checked, regions, extents: dict, config: dict) -> int:
-    """Eq. (6), first term, for one class: staged tensors and non-aliased regions."""
-    total = 0
-    for a in k.args:
-        if isinstance(a.type, ir.TensorArg):
-            total += tensor_bytes(a.type, checked, config, extents)
-        elif isinstance(a.type, ir.RegionArg) and a.type.region not in k.aliased:
-            ra = regions[a.type.region]
-            extent = extents.get(a.type.region, 1)
-            per_frame = ra.demand_bytes // (ra.shape[ra.axis] if ra.axis is not None else 1)
-            nbytes = per_frame * (extent if ra.axis is not None else 1)
-            # `region r[i]` stages one slot of the leading axis
-            total += nbytes // ra.shape[0] if a.type.index is not None else nbytes
-    return total
+def _staging(k: ir.Callable, checked: Checked, extents: dict, config: dict) -> int:
+    """Eq. (6), first term, for one class: its tensor arguments. A region argument is
+    never staged, `aliased` or not: the graph reads the region where it lies (the
+    runtime's RegionView), and a call whose argument is elsewhere runs eager."""
+    return sum(
+        tensor_bytes(a.type, checked, config, extents)
+        for a in k.args
+        if isinstance(a.type, ir.TensorArg)
+    )
 
 
 def analyse(checked: Checked) -> tuple[Analysis, list[Diagnostic]]:

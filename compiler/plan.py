@@ -7,7 +7,7 @@ region lifetimes (runtime/declared.py, runtime/sessions.py):
     its own copy of these between steps (declared-only regions too: they describe
     stock state the session owns, e.g. a vendor ring);
   * per lane — a lane's copy of every region bind allocates, plus the replay reserve
-    of its catalogs (eq. 6: staging of non-aliased inputs, summed over classes);
+    of its catalogs (eq. 6: staging of tensor arguments, summed over classes);
   * eager scratch — with more than one lane the model's sites hold one more set of the
     regions installed there, for eager calls;
   * per voice — a kept turn start is a copy of the per-session state (upper bound).

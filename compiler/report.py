@@ -21,7 +21,7 @@ legend:
   |Q|        distinct signatures over the callable's configurations (flags, lengths, slots)
   bound      |Q| * product of K over its regions (Criterion 3.5)
   width      catalog classes: joint extents x admitted signatures (the graphs captured)
-  reserve    replay reserve (eq. 6): staging of non-aliased inputs over all classes
+  reserve    replay reserve (eq. 6): staging of tensor arguments over all classes
              + the envelopes of write-through regions"""
 
 

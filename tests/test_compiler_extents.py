@@ -339,6 +339,27 @@ def test_a_staged_argument_follows_its_region_extent_class_by_class():
     assert k.staging_bytes == sum(2 * 3 * (e + 1) * 4 for e in (6, 8, 10))
 
 
+def test_a_region_argument_is_never_staged_aliased_or_not():
+    """Eq. (6) counts what the runtime stages: a region argument is read where the
+    region lies (RegionView, admitted at its pointer), so it adds no staging, declared
+    `aliased` or not; the compiler's number is the runtime's, class by class."""
+    from duplexcadence.compiler.driver import compile_source
+    from duplexcadence.runtime import staging_bytes
+
+    text = STAGED_BY_EXTENT.format(length="4").replace(
+        "  arg carry: region carry\n", "  arg carry: region carry\n  arg other: region other\n"
+    )
+    result = compile_source(text, "s.clock")
+    assert result.ok, result.diagnostics
+    [k] = result.analysis.callables
+    [code] = [text for name, text in result.files.items() if name.endswith("contract.py")]
+    namespace: dict = {}
+    exec(compile(code, "contract.py", "exec"), namespace)
+    classes = namespace["DECLARED"].callables[0].classes
+    assert {type(c.args[2]).__name__ for c in classes} == {"RegionView"}  # `other`, unaliased
+    assert k.staging_bytes == sum(staging_bytes(c) for c in classes) == 6 * 3 * 4 * 4
+
+
 def test_extent_in_an_argument_must_name_a_region_argument_of_the_callable():
     result = check_source(STAGED_BY_EXTENT.format(length="extent(other)"), "s.clock")
     assert not result.ok
