@@ -398,6 +398,15 @@ def test_replicas_device_memory_through_the_ingress(app):
     assert [r["server"]["device_memory"] for r in _replicas(app)] == [None, None]
 
 
+def test_bad_params_are_refused_by_name_and_hold_no_place(app, client):
+    _wait_all_up(app)
+    with pytest.raises(TypeError, match="mapping of name to value, got str"):
+        client.open("seed=1")
+    with pytest.raises(TypeError, match="mapping of name to value, got list"):
+        app.open.remote([("seed", 1)]).result()
+    assert sum(r["headroom"] for r in _replicas(app)) == 4
+
+
 def test_a_client_shut_down_leaves_no_thread_behind(app):
     from duplexcadence.runtime.serve import SessionClient
 

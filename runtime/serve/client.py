@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import ray
 from ray import serve
@@ -91,9 +91,13 @@ class SessionClient:
         self._watcher.start()
 
     # ------------------------------------------------------------ sessions
-    def open(self, params: dict | None = None) -> str:
+    def open(self, params: Mapping[str, Any] | None = None) -> str:
+        if params is not None and not isinstance(params, Mapping):  # before any Ray hop
+            raise TypeError(
+                f"session params must be a mapping of name to value, got {type(params).__name__}"
+            )
         try:
-            where = self.ingress.open_pinned.remote(params or {}).result()
+            where = self.ingress.open_pinned.remote(dict(params or {})).result()
         except ServeError as e:
             raise plain(e) from None
         self._replica(where["deployment"])  # its router starts now, not at the first chunk
