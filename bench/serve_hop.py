@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from toy_stream import x_of
 
     from duplexcadence.runtime.serve import SessionClient
-    from duplexcadence.runtime.serve.app import init_local, start
+    from duplexcadence.runtime.serve.launch import init_local, start
     from duplexcadence.runtime.serve.replica import ReplicaServer
 
     counts = [int(n) for n in args.sessions.split(",")]

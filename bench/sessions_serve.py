@@ -82,7 +82,7 @@ class RayServer:
 
     def __init__(self, arm: Arm, device: torch.device) -> None:
         from duplexcadence.runtime.serve import SessionClient
-        from duplexcadence.runtime.serve.app import init_local, start
+        from duplexcadence.runtime.serve.launch import init_local, start
 
         gpus = int(arm.options["gpus"])
         cuda = torch.device(device).type == "cuda"

@@ -39,7 +39,7 @@ HTTP: dict = {}  # the fixture's WebSocket port
 def app():
     import ray
 
-    from duplexcadence.runtime.serve.app import init_local, start
+    from duplexcadence.runtime.serve.launch import init_local, start
 
     init_local(
         num_cpus=2, object_store_mib=80, paths=(TESTS,), shared_host=True, log_to_driver=False
@@ -258,7 +258,7 @@ def test_restored_sessions_go_on_byte_for_byte_after_their_replica_dies(app):
     from ray import serve
 
     from duplexcadence.runtime.serve import SessionClient
-    from duplexcadence.runtime.serve.app import start
+    from duplexcadence.runtime.serve.launch import start
 
     limit = 40
     config = dataclasses.replace(TOY, name="serve_toy_restore", max_sessions=4, restore_calls=limit)
@@ -337,7 +337,7 @@ def test_sessions_without_calls_expire_and_free_their_places(app):
     from ray import serve
 
     from duplexcadence.runtime.serve import SessionClient
-    from duplexcadence.runtime.serve.app import start
+    from duplexcadence.runtime.serve.launch import start
 
     config = dataclasses.replace(TOY, name="serve_toy_idle", idle_timeout_s=1.0)
     iapp = start(config, route_prefix="/idle")
@@ -428,7 +428,7 @@ def test_an_ingress_on_grpc_serves_exact_sessions_and_loses_a_killed_replicas(ap
     import ray
     from ray import serve
 
-    from duplexcadence.runtime.serve.app import start
+    from duplexcadence.runtime.serve.launch import start
 
     config = dataclasses.replace(TOY, name="serve_toy_grpc", transport="grpc")
     grpc_app = start(config, route_prefix="/grpc")

@@ -1,6 +1,6 @@
 """runtime.serve — sessions spread over GPUs on Ray Serve (the optional ``[serve]`` extra).
 
-Layers, one concept each; only ``app`` and ``client`` import ray, and only when asked
+Layers, one concept each; only ``app``, ``launch`` and ``client`` import ray, and only when asked
 for (``import duplexcadence.runtime`` never imports this package):
 
   errors   Overloaded, SessionUnknown, SessionLost: what a client is told
@@ -8,7 +8,8 @@ for (``import duplexcadence.runtime`` never imports this package):
   model    ServedModel: how a replica builds, binds and steps the user's model
   replica  ReplicaServer: one binding + SessionPool on one device (ray-free)
   router   SessionTable: session affinity and headroom (ray-free)
-  app      the Ray Serve application: Replica per GPU, Ingress, build_app, start
+  app      the Ray Serve deployments: Replica per GPU, Ingress
+  launch   build_app, app_builder (serve run / deploy), init_local, start
   journal  Journal: a session's calls, to rebuild it on another replica (ray-free)
   client   SessionClient: chunks straight to the session's replica (one hop)
   cli      ``duplexcadence-serve CONTRACT --model pkg.mod:fn``
@@ -37,13 +38,13 @@ def ray_missing() -> str | None:
 
 
 def build_app(config: ServeConfig) -> Any:
-    from .app import build_app as build
+    from .launch import build_app as build
 
     return build(config)
 
 
 def start(config: ServeConfig, **kwargs: Any) -> Any:
-    from .app import start as run
+    from .launch import start as run
 
     return run(config, **kwargs)
 

@@ -1,7 +1,7 @@
 """``duplexcadence-serve CONTRACT --model pkg.mod:fn``: the application in one command.
 
 Starts an embedded Ray cluster on this machine (or joins ``--address``), runs the
-application (app.py) with ``--replicas`` replicas of ``--gpus-per-replica`` GPUs each (0:
+application (launch.py) with ``--replicas`` replicas of ``--gpus-per-replica`` GPUs each (0:
 the CPU), and serves the WebSocket ``ws://HOST:PORT/sessions`` until interrupted. The
 defaults work on one CPU machine; on a GPU host give every replica a GPU and take
 ``--max-sessions`` from ``clockc plan CONTRACT --profile ... --lanes K``.
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
-    from .app import init_local, start
+    from .launch import init_local, start
 
     if args.address:
         ray.init(address=args.address)

@@ -64,7 +64,7 @@ class ServeConfig:
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> "ServeConfig":
-        """The config of a ``serve run`` / ``serve deploy`` application's ``args`` (app.py,
+        """The config of a ``serve run`` / ``serve deploy`` application's ``args`` (launch.py,
         ``app_builder``): a YAML file's typed values, or ``key=value`` strings from the
         command line, coerced to each setting's type; an unknown key or a bad value is a
         ``ValueError`` that names it."""
