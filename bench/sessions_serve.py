@@ -18,6 +18,12 @@ session's bytes against its solo run on ``stock_procs``); what changes is the se
   replica and back: two hops per chunk, what a WebSocket client's chunk crosses).
 * ``adapter_lanes`` — the same pool in process (sessions_token2wav), the baseline of the
   Ray path's added latency.
+* ``serve_gpus_2_kill`` / ``serve_gpus_1_kill`` — ``serve_gpus_2``, or two replicas on
+  one GPU, whose replica 0 is killed ``kill_replica_at_s`` after the first session opens;
+  the client keeps every session's calls (``restore_calls``) and the ingress rebuilds
+  the killed replica's sessions on the survivor, so every session must still equal its
+  solo stock run. The run's server stats carry the kill time and the restores; the
+  chunk latencies show the stall.
 
 ``token2wav()`` is the ServedModel the replicas load (``--model
 bench.sessions_serve:token2wav``). ``python -m bench.sessions_serve summarise JSON`` adds
@@ -30,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +60,9 @@ from bench.workloads import token2wav as W
 
 LANES = 8  # per replica: the in-process arm's lanes (bench/results/sessions_h200)
 MAX_SESSIONS = 64  # per replica, above the 44 measured at cadence: misses mark the limit
+KILL_AT_S = 20  # the kill arms: replica 0 dies this long after the first session opens
+# a 60 s run makes about 60 chunks and resets per session: every one stays restorable
+KILL = {"kill_replica_at_s": KILL_AT_S, "restore_calls": 256}
 
 
 # ------------------------------------------------------------ replica side
@@ -85,22 +95,26 @@ class RayServer:
         from duplexcadence.runtime.serve.launch import init_local, start
 
         gpus = int(arm.options["gpus"])
+        replicas = int(arm.options.get("replicas", gpus))  # more than one per GPU: shared
         cuda = torch.device(device).type == "cuda"
         threads = torch.get_num_threads()  # the in-process arm's (``--threads``, if given)
         self.config = ServeConfig(
             contract=f"duplexcadence.generated.{CONTRACT}",
             model="bench.sessions_serve:token2wav",
-            replicas=gpus,
-            gpus_per_replica=1.0 if cuda else 0.0,
+            replicas=replicas,
+            gpus_per_replica=gpus / replicas if cuda else 0.0,
             # Ray makes a replica's CPUs its OMP/torch threads (1 if none): as many as
             # this worker process (the in-process arm) has
             cpus_per_replica=threads if cuda else 0.0,
             lanes=int(arm.options.get("lanes", LANES)) if cuda else 1,
             max_sessions=int(arm.options.get("max_sessions", MAX_SESSIONS)),
             stall_s=60.0,  # a replica busy capturing is slow, not dead
+            restore_calls=int(arm.options.get("restore_calls", 0)),
         )
         init_local(
-            num_cpus=max(gpus * threads + 1, os.cpu_count() or 2) if cuda else max(2, gpus * 2),
+            num_cpus=(
+                max(replicas * threads + 1, os.cpu_count() or 2) if cuda else max(2, replicas * 2)
+            ),
             object_store_mib=256,
             paths=(Path(__file__).resolve().parents[1],),
             shared_host=not cuda,  # a CPU host here is shared by other programs
@@ -109,9 +123,29 @@ class RayServer:
         self.handle = start(self.config)
         self._wait_up(timeout_s=900)
         self.client = SessionClient(
-            self.config.name, transport=str(arm.options.get("transport", "actor"))
+            self.config.name,
+            transport=str(arm.options.get("transport", "actor")),
+            restore_calls=self.config.restore_calls,
         )
         self.via_ingress = arm.options.get("via") == "ingress"
+        self.kill_at_s = arm.options.get("kill_replica_at_s")
+        self.killed_at: float | None = None  # epoch seconds
+        self._killer: threading.Thread | None = None
+        self._killer_lock = threading.Lock()
+
+    def _kill_later(self) -> None:
+        """Kill replica 0's actor ``kill_at_s`` after the first session opened."""
+        import ray
+
+        time.sleep(float(self.kill_at_s))
+        victim = next(
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if f"{self.config.name}#replica_0#" in a["name"]
+        )
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        self.killed_at = time.time()
+        print(f"bench.sessions_serve: killed {victim}", file=sys.stderr, flush=True)
 
     def _wait_up(self, timeout_s: float) -> None:
         t = time.time()
@@ -122,6 +156,11 @@ class RayServer:
         raise TimeoutError(f"replicas not up within {timeout_s:.0f} s")
 
     def open(self, spec: SessionSpec) -> dict:
+        if self.kill_at_s is not None:
+            with self._killer_lock:
+                if self._killer is None:
+                    self._killer = threading.Thread(target=self._kill_later, daemon=True)
+                    self._killer.start()
         sid = self.client.open({"voice": voice_of(spec), "seed": spec.seed})
         return {"sid": sid, "tokens": session_tokens(spec)}
 
@@ -142,7 +181,8 @@ class RayServer:
 
     def stats(self) -> dict:
         via = "ingress" if self.via_ingress else "client"
-        return {"config": vars(self.config), "via": via, **self.client.stats()}
+        killed = {"killed_replica_0_at": self.killed_at} if self.kill_at_s is not None else {}
+        return {"config": vars(self.config), "via": via, **killed, **self.client.stats()}
 
     def reset_peak_memory(self) -> None:
         self.handle.reset_peak_memory.remote().result()
@@ -188,6 +228,20 @@ SESSIONS = SessionWorkload(
             "inproc",
             f"Ray Serve: two replicas (1 GPU, {LANES} lanes each), chunks straight to them",
             options={"gpus": 2, "lanes": LANES},
+        ),
+        Arm(
+            "serve_gpus_2_kill",
+            "inproc",
+            f"serve_gpus_2 with replica 0 killed {KILL_AT_S} s in, its sessions restored "
+            "on replica 1 from the client's journals",
+            options={"gpus": 2, "lanes": LANES, **KILL},
+        ),
+        Arm(
+            "serve_gpus_1_kill",
+            "inproc",
+            f"two replicas sharing one GPU ({LANES // 2} lanes each), replica 0 killed "
+            f"{KILL_AT_S} s in, its sessions restored on replica 1",
+            options={"gpus": 1, "replicas": 2, "lanes": LANES // 2, **KILL},
         ),
     ),
     reference=T2W.reference,
@@ -240,6 +294,29 @@ def summarise(doc: dict) -> dict:
     out["ray_added_p95_ms_by_arm"] = {
         arm: _added_p95(doc, arm) for arm in ONE_GPU_PATHS if doc.get("per_n", {}).get(arm)
     }
+    out["replica_killed"] = {arm: _killed(doc, arm) for arm in KILL_ARMS if doc.get("per_n", {}).get(arm)}  # fmt: skip
+    return out
+
+
+KILL_ARMS = ("serve_gpus_2_kill", "serve_gpus_1_kill")
+
+
+def _killed(doc: dict, arm: str) -> dict:
+    """{N: what a replica's death cost} for a kill arm: every session exact or not, the
+    misses and worst latency around it, and the restores the ingress made."""
+    out = {}
+    for n, p in sorted(doc.get("per_n", {}).get(arm, {}).items(), key=lambda kv: int(kv[0])):
+        server = next((w.get("server") or {} for w in p.get("workers") or []), {})
+        out[n] = {
+            "status": p.get("status"),
+            "all_sessions_exact": bool(p.get("sessions_hashed"))
+            and p.get("sessions_exact") == p.get("sessions_hashed"),
+            "misses": p.get("misses"),
+            "p95_ms": p.get("p95_ms"),
+            "max_ms": p.get("max_ms"),
+            "killed_at": server.get("killed_replica_0_at"),
+            "restores": server.get("restores"),
+        }
     return out
 
 

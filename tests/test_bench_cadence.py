@@ -277,9 +277,25 @@ def test_serve_summary_reads_the_serve_arms():
             "serve_gpus_2": {"80": {"p95_ms": 650.0}, "88": {"p95_ms": 1500.0}},
             "serve_gpus_1_grpc": {"16": {"p95_ms": 115.0}},
             "adapter_lanes": {"16": {"p95_ms": 112.5}},
+            "serve_gpus_2_kill": {
+                "16": {
+                    "status": "ok",
+                    **{"sessions_hashed": 16, "sessions_exact": 16, "misses": 3},
+                    **{"p95_ms": 140.0, "max_ms": 2900.0},
+                    "workers": [{"server": {"killed_replica_0_at": 1.5e9, "restores": {"restored": 8}}}],  # fmt: skip
+                },
+                "24": {"status": "failed", "sessions_hashed": 24, "sessions_exact": 23},
+            },
         },
     }
     out = summarise(doc)
+    kill = out["replica_killed"]["serve_gpus_2_kill"]
+    assert kill["16"] == {
+        **{"status": "ok", "all_sessions_exact": True, "misses": 3, "p95_ms": 140.0},
+        **{"max_ms": 2900.0, "killed_at": 1.5e9, "restores": {"restored": 8}},
+    }
+    assert kill["24"]["all_sessions_exact"] is False and kill["24"]["restores"] is None
+    assert "serve_gpus_1_kill" not in out["replica_killed"]  # not run
     assert out["gpus_1"] == {
         "max_sessions_at_cadence": 40,
         "p95_ms": 700.0,
