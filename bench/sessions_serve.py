@@ -306,11 +306,16 @@ def _killed(doc: dict, arm: str) -> dict:
     misses and worst latency around it, and the restores the ingress made."""
     out = {}
     for n, p in sorted(doc.get("per_n", {}).get(arm, {}).items(), key=lambda kv: int(kv[0])):
-        server = next((w.get("server") or {} for w in p.get("workers") or []), {})
+        run = next(  # the point's run, which keeps its workers' results (server stats)
+            (r for r in doc.get("runs", []) if (r.get("arm"), str(r.get("n"))) == (arm, n)),
+            {},
+        )
+        server = next((w.get("server") or {} for w in run.get("workers") or []), {})
         out[n] = {
             "status": p.get("status"),
             "all_sessions_exact": bool(p.get("sessions_hashed"))
             and p.get("sessions_exact") == p.get("sessions_hashed"),
+            "sessions_hashed": p.get("sessions_hashed"),  # those with a solo reference
             "misses": p.get("misses"),
             "p95_ms": p.get("p95_ms"),
             "max_ms": p.get("max_ms"),

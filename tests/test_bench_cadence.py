@@ -282,16 +282,24 @@ def test_serve_summary_reads_the_serve_arms():
                     "status": "ok",
                     **{"sessions_hashed": 16, "sessions_exact": 16, "misses": 3},
                     **{"p95_ms": 140.0, "max_ms": 2900.0},
-                    "workers": [{"server": {"killed_replica_0_at": 1.5e9, "restores": {"restored": 8}}}],  # fmt: skip
                 },
                 "24": {"status": "failed", "sessions_hashed": 24, "sessions_exact": 23},
             },
         },
+        "runs": [  # where the sweep keeps each run's workers (per_n has the metrics)
+            {"arm": "stock_procs", "n": 1, "reference": True, "workers": [{"server": {}}]},
+            {
+                "arm": "serve_gpus_2_kill",
+                "n": 16,
+                "workers": [{"server": {"killed_replica_0_at": 1.5e9, "restores": {"restored": 8}}}],  # fmt: skip
+            },
+        ],
     }
     out = summarise(doc)
     kill = out["replica_killed"]["serve_gpus_2_kill"]
     assert kill["16"] == {
-        **{"status": "ok", "all_sessions_exact": True, "misses": 3, "p95_ms": 140.0},
+        **{"status": "ok", "all_sessions_exact": True, "sessions_hashed": 16, "misses": 3},
+        "p95_ms": 140.0,
         **{"max_ms": 2900.0, "killed_at": 1.5e9, "restores": {"restored": 8}},
     }
     assert kill["24"]["all_sessions_exact"] is False and kill["24"]["restores"] is None
