@@ -113,6 +113,19 @@ def _replicas(handle) -> list[dict]:
     return handle.stats.remote().result()["replicas"]
 
 
+def _kill(app_name: str, deployment: str) -> None:
+    """Kill the actor of ``deployment`` (``replica_0``, ``Ingress``) of an application.
+    ``ray.kill`` returns before the actor is gone: a call right after may be answered."""
+    import ray
+
+    victim = next(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if f"{app_name}#{deployment}#" in a["name"]
+    )
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+
+
 def _wait_all_up(handle, timeout_s: float = 60.0) -> list[dict]:
     t = time.time()
     while time.time() - t < timeout_s:
@@ -186,8 +199,6 @@ def test_overload_is_refused_at_open(app, client):
 
 
 def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app, via):
-    import ray
-
     rs = _wait_all_up(app)
     seeds = (11, 12, 13, 14)
     sids = {s: via.open({"seed": s}) for s in seeds}
@@ -210,13 +221,8 @@ def test_a_dead_replica_fails_its_sessions_within_2s_and_is_replaced(app, via):
     for th in threads:
         th.start()
     time.sleep(0.6)
-    victim = next(
-        n
-        for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
-        if "#replica_0#" in n
-    )
     killed_at.append(time.time())
-    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    _kill(TOY.name, "replica_0")
     for th in threads:
         th.join(60)
     dead = {s for s in seeds if pins[s] == 0}
@@ -254,7 +260,6 @@ def test_restored_sessions_go_on_byte_for_byte_after_their_replica_dies(app):
     survivor's own sessions are untouched."""
     import dataclasses
 
-    import ray
     from ray import serve
 
     from duplexcadence.runtime.serve import SessionClient
@@ -286,12 +291,7 @@ def test_restored_sessions_go_on_byte_for_byte_after_their_replica_dies(app):
         for _ in range(limit + 5):  # 55: more calls than a restore replays
             step(55)
         step(52)
-        victim = next(
-            n
-            for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
-            if f"{config.name}#replica_0#" in n
-        )
-        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        _kill(config.name, "replica_0")
         lost, t = None, time.time()
         while lost is None and time.time() - t < 10:  # until the death is known
             try:
@@ -425,7 +425,6 @@ def test_an_ingress_on_grpc_serves_exact_sessions_and_loses_a_killed_replicas(ap
     replica's sessions are lost (the others untouched)."""
     import dataclasses
 
-    import ray
     from ray import serve
 
     from duplexcadence.runtime.serve.launch import start
@@ -439,12 +438,7 @@ def test_an_ingress_on_grpc_serves_exact_sessions_and_loses_a_killed_replicas(ap
     assert sorted(pins.values()) == [0, 1]  # least loaded first: one per replica
     got = {s: [via.chunk(sids[s], x_of(s, i)) for i in range(3)] for s in sids}
     assert all(exact(got[s], s) for s in sids)
-    victim = next(
-        n
-        for n in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
-        if "serve_toy_grpc#replica_0#" in n
-    )
-    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    _kill(config.name, "replica_0")
     # ray.kill returns before the actor is gone (a chunk right after it may still be
     # answered), so both sessions keep stepping until the victim's is lost
     doomed, survivor = (s for s in sorted(sids, key=pins.get))
@@ -472,18 +466,12 @@ def test_a_restarted_ingress_keeps_every_open_session(app, client):
     reports open, under the same ids: a client's session and an ingress-path session go
     on byte for byte through it, close normally, and their places are counted. Last in
     this file: the ingress it kills is the module's."""
-    import ray
 
     rs = _wait_all_up(app)
     a = client.open({"seed": 71})
     b = app.open.remote({"seed": 72}).result()
     got = {71: [client.chunk(a, x_of(71, 0))], 72: [app.chunk.remote(b, x_of(72, 0)).result()]}
-    victim = next(
-        n
-        for n in (x["name"] for x in ray.util.list_named_actors(all_namespaces=True))
-        if f"{TOY.name}#Ingress#" in n
-    )
-    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    _kill(TOY.name, "Ingress")
     t = time.time()
     while time.time() - t < 30:  # until the new ingress answers for both sessions
         got[71].append(client.chunk(a, x_of(71, len(got[71]))))  # straight to the replica
