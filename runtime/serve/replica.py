@@ -21,7 +21,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -88,18 +89,12 @@ class ReplicaServer:
         return session.id
 
     def step(self, incarnation: str, sid: int, payload: Any) -> Any:
-        session = self._enter(incarnation, sid)
-        try:
+        with self._call(incarnation, sid) as session:
             return self.spec.step(session, payload)
-        finally:
-            self._leave(sid)
 
     def reset(self, incarnation: str, sid: int) -> None:
-        session = self._enter(incarnation, sid)
-        try:
+        with self._call(incarnation, sid) as session:
             self.spec.reset(session)
-        finally:
-            self._leave(sid)
 
     def close(self, incarnation: str, sid: int) -> None:
         with self._lock:
@@ -143,18 +138,20 @@ class ReplicaServer:
         with self._lock:
             return [sid for sid, (at, _) in self._expired.items() if now - at <= within_s]
 
-    def _enter(self, incarnation: str, sid: int) -> Any:
-        """The session, marked as in a call (not idle) until ``_leave``."""
+    @contextmanager
+    def _call(self, incarnation: str, sid: int) -> Iterator[Any]:
+        """The session, marked as in a call (never expired) while the block runs; its
+        idle time counts from the call's end."""
         with self._lock:
             session = self._session(incarnation, sid)
             self._in_call[sid] = self._in_call.get(sid, 0) + 1
-        return session
-
-    def _leave(self, sid: int) -> None:
-        with self._lock:
-            if sid in self._sessions:
-                self._in_call[sid] -= 1
-                self._last_call[sid] = self.clock()
+        try:
+            yield session
+        finally:
+            with self._lock:
+                if sid in self._sessions:
+                    self._in_call[sid] -= 1
+                    self._last_call[sid] = self.clock()
 
     def _forget(self, sid: int) -> None:  # under self._lock
         self._sessions.pop(sid, None)
