@@ -1,5 +1,7 @@
 """`clockc`: check, compile, plan and verify `.clock` contracts; draft one from a traced stream.
 
+The commands that run a user's model (verify, draft, reproduce) live in cli_model.py.
+
 Exit status: 0 success (warnings allowed), 1 user errors in a contract or generated
 drift, 2 usage errors (bad arguments, no contracts found, an output folder that
 cannot be written). User errors are diagnostics, never tracebacks; every other
@@ -11,17 +13,21 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 from pathlib import Path
 
+from duplexcadence.compiler import __version__
+
 # The [compile] extra: where only the runtime is installed, `clockc` names the missing
 # package in one line (main(), exit 2) instead of failing on import with a traceback.
+# `--version`, `--help` and `reproduce` (which reads no contract) work without it.
 COMPILE_EXTRA = ("jinja2", "lark", "pydantic", "black")
+NEEDS_NO_COMPILER = frozenset({"reproduce"})
 try:
     from duplexcadence.compiler.driver import (
         Result,
         check_source,
-        compiler_version,
         read_and_compile,
     )
     from duplexcadence.compiler.plan import footprint
@@ -245,86 +251,6 @@ def cmd_plan(args) -> int:
     return 0 if ok else 1
 
 
-def _load_user_stream(target: str):
-    """The user's StreamSpec named `pkg.mod:fn` (verify, draft). Its module is the user's
-    code in this folder, as pytest and uvicorn find theirs; a console script does not put
-    the current folder on the path, so it is put there first."""
-    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
-
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        return load_stream_spec(target)
-    except StreamSpecError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def cmd_verify(args) -> int:
-    """Stream a model beside its bound copy and compare bit for bit (runtime/verify.py).
-
-    The runtime is imported here, not at module import: check, compile and plan work
-    without torch, and the compiler depends on the runtime only for this command."""
-    from duplexcadence.compiler.loader import LoadError, forget, load_adapter
-    from duplexcadence.runtime.verify import verify_stream
-
-    if args.chunks < 1:
-        raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
-    try:
-        adapter, compiled = load_adapter(args.contract)
-    except LoadError as exc:
-        raise UsageError(str(exc)) from None
-    entry: dict = {"path": args.contract, "stream": args.stream, "diagnostics": []}
-    if compiled is not None:
-        entry["diagnostics"] = _diagnostics_json(compiled)
-        if args.format != "json":
-            _print_diagnostics(compiled)
-    if adapter is None:
-        entry.update(ok=False, verify=None)
-        if args.format == "json":
-            print(_document("verify", [entry]))
-        return 1
-    try:
-        spec = _load_user_stream(args.stream)
-        verdict = verify_stream(
-            adapter.bind, spec, args.chunks, device=args.device, backend=args.backend
-        )
-    finally:
-        if compiled is not None:  # the package compiled here: its temporary folder goes
-            forget(adapter)
-    entry.update(ok=verdict.ok, verify=verdict.to_json())
-    if args.format == "json":
-        print(_document("verify", [entry]))
-    else:
-        print(verdict.describe())
-        if args.report:
-            print(verdict.report)
-    return 0 if verdict.ok else 1
-
-
-def cmd_draft(args) -> int:
-    """Trace the model's streaming loop and write a `.clock` draft (compiler/draft.py).
-    Runs the user's model, so torch and the runtime are imported here only."""
-    if args.chunks < 2:
-        raise UsageError("--chunks must be at least 2 (a carry shows across calls)")
-    from duplexcadence.compiler.draft import render_draft
-    from duplexcadence.runtime.trace_draft import trace_stream
-
-    spec = _load_user_stream(args.stream)
-    text = render_draft(trace_stream(spec, args.chunks), args.name, source=args.stream)
-    shown = args.output or "<draft>"
-    result = check_source(text, shown)
-    if args.output:
-        _write(Path(args.output), text)
-    else:
-        sys.stdout.write(text)
-    _print_diagnostics(result)
-    state = "checks" if result.ok else "does not check (see above)"
-    print(
-        f"clockc draft: {shown} {state}; review its comments, then `clockc check`", file=sys.stderr
-    )
-    return 0 if result.ok else 1
-
-
 def cmd_explain(code: str) -> int:
     if code.lower() == "all":
         for c in CODES.values():
@@ -342,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="clockc",
         description="Check and compile native-clock contracts (.clock) into exact-replay adapters.",
     )
-    parser.add_argument("--version", action="version", version=f"clockc {compiler_version()}")
+    parser.add_argument("--version", action="version", version=f"clockc {__version__}")
     parser.add_argument(
         "--explain",
         nargs="?",
@@ -389,80 +315,43 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", choices=("text", "json"), default="text")
     plan.set_defaults(func=cmd_plan)
 
-    _add_verify_and_draft(sub)
+    from duplexcadence.compiler.cli_model import add_model_commands
+
+    add_model_commands(sub)
     return parser
 
 
-def _add_verify_and_draft(sub) -> None:
-    """The two subcommands that run a user's model (runtime/streams.py names it)."""
-    verify = sub.add_parser(
-        "verify",
-        help="stream a model and its bound copy side by side; report the first divergence",
-    )
-    verify.add_argument(
-        "contract",
-        metavar="CONTRACT_OR_PACKAGE",
-        help="a .clock file, a generated package folder, or an importable package name",
-    )
-    verify.add_argument(
-        "--stream",
-        required=True,
-        metavar="MODULE:FUNCTION",
-        help="a function returning a duplexcadence.runtime.streams.StreamSpec",
-    )
-    verify.add_argument("--chunks", type=int, default=20, help="chunks to compare (default 20)")
-    verify.add_argument(
-        "--device", default=None, help="device to bind on (default: the StreamSpec's)"
-    )
-    verify.add_argument(
-        "--backend",
-        choices=("simulate", "cuda"),
-        default=None,
-        help="replay backend of the bound copy (default: cuda on a GPU, simulate elsewhere)",
-    )
-    verify.add_argument(
-        "--report", action="store_true", help="print the bound copy's binding.report() too"
-    )
-    verify.add_argument("--format", choices=("text", "json"), default="text")
-    verify.set_defaults(func=cmd_verify)
-
-    draft = sub.add_parser(
-        "draft", help="trace a model's streaming loop and write a draft contract"
-    )
-    draft.add_argument(
-        "--stream",
-        required=True,
-        metavar="PKG.MOD:FN",
-        help="a function returning a StreamSpec (runtime/streams.py), importable from here",
-    )
-    draft.add_argument("--chunks", type=int, default=6, help="chunks to trace (default 6)")
-    draft.add_argument("--name", default=None, help="contract name (default: the model's class)")
-    draft.add_argument(
-        "-o", "--output", default=None, metavar="FILE", help="write here, not stdout"
-    )
-    draft.set_defaults(func=cmd_draft)
-
-
 def main(argv: list[str] | None = None) -> int:
-    if MISSING_EXTRA is not None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if MISSING_EXTRA is not None and args.command not in NEEDS_NO_COMPILER:
         print(
             f"clockc: the compiler needs {MISSING_EXTRA}, which is not installed: "
             "pip install 'duplexcadence[compile]'",
             file=sys.stderr,
         )
         return 2
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
         if args.explain is not None:
             return cmd_explain(args.explain)
         if args.command is None:
-            parser.error("a command is required (check, compile, plan or verify), or --explain")
+            parser.error(
+                "a command is required (check, compile, plan, verify, draft or reproduce), "
+                "or --explain"
+            )
         return args.func(args)
     except UsageError as exc:
         print(f"clockc: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`clockc check | head -1`): nothing left to say to it.
+        # Point stdout at devnull so the interpreter's final flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # run the imported module, not this __main__ copy: cli_model imports its classes
+    from duplexcadence.compiler import cli
+
+    sys.exit(cli.main())

@@ -33,7 +33,15 @@ ROOT_CLOCK = "call"
 # Determinism settings the runtime knows how to pin (runtime/binding.py _SETTINGS;
 # a test keeps the two lists equal without making the compiler import torch).
 KNOWN_SETTINGS = frozenset(
-    {"cudnn.deterministic", "cudnn.benchmark", "cudnn.allow_tf32", "cuda.matmul.allow_tf32"}
+    {
+        "cudnn.deterministic",
+        "cudnn.benchmark",
+        "cudnn.allow_tf32",
+        "cuda.matmul.allow_tf32",
+        "cuda.cudnn_sdp",
+        "cuda.flash_sdp",
+        "cuda.mem_efficient_sdp",
+    }
 )
 __all__ = ["Checked", "RegionNumbers", "validate"]
 

@@ -115,7 +115,7 @@ _CODES = [
         "CLK016",
         "error",
         "unknown determinism setting",
-        "`determinism` names a setting the runtime pins (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, cuda.matmul.allow_tf32) and takes true or false.",
+        "`determinism` names a setting the runtime pins (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, cuda.matmul.allow_tf32, and the attention backends cuda.cudnn_sdp, cuda.flash_sdp, cuda.mem_efficient_sdp) and takes true or false.",
     ),
     Code(
         "CLK017",

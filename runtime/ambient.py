@@ -94,6 +94,18 @@ def _optional(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+def _sdp(name: str, backend: str) -> Setting | None:
+    """An attention backend switch: ``torch.backends.cuda.<backend>_sdp_enabled()`` read,
+    ``enable_<backend>_sdp(value)`` written (a contract may pin one off: Moshi's LM step
+    runs cuDNN attention, which did not reproduce itself on the H200)."""
+    read = getattr(_b.cuda, f"{backend}_sdp_enabled", None)
+    write = getattr(_b.cuda, f"enable_{backend}_sdp", None)
+    setting = _call(name, read)
+    if setting is None or write is None:
+        return setting
+    return Setting(name, read, lambda value: write(bool(value)) if read() != value else None)
+
+
 _b = torch.backends
 _CANDIDATES = (
     _attr("backends.cudnn", "enabled"),
@@ -117,10 +129,10 @@ _CANDIDATES = (
     _call("float32_matmul_precision", torch.get_float32_matmul_precision),
     _call("cuda.preferred_blas_library", _optional(_b.cuda, "preferred_blas_library")),
     _call("cuda.preferred_linalg_library", _optional(_b.cuda, "preferred_linalg_library")),
-    _call("cuda.flash_sdp", _optional(_b.cuda, "flash_sdp_enabled")),
-    _call("cuda.mem_efficient_sdp", _optional(_b.cuda, "mem_efficient_sdp_enabled")),
-    _call("cuda.math_sdp", _optional(_b.cuda, "math_sdp_enabled")),
-    _call("cuda.cudnn_sdp", _optional(_b.cuda, "cudnn_sdp_enabled")),
+    _sdp("cuda.flash_sdp", "flash"),
+    _sdp("cuda.mem_efficient_sdp", "mem_efficient"),
+    _sdp("cuda.math_sdp", "math"),
+    _sdp("cuda.cudnn_sdp", "cudnn"),
     _call(
         "cuda.math_sdp_reduced_precision",
         _optional(_b.cuda, "fp16_bf16_reduction_math_sdp_allowed"),
@@ -139,7 +151,15 @@ SETTINGS: tuple[Setting, ...] = tuple(s for s in _CANDIDATES if s is not None)
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # What a contract's `determinism` lines may pin (compiler/validate.py keeps the same
 # names; tests/test_runtime_ambient.py ties the two lists).
-PINNABLE = ("cudnn.deterministic", "cudnn.benchmark", "cudnn.allow_tf32", "cuda.matmul.allow_tf32")
+PINNABLE = (
+    "cudnn.deterministic",
+    "cudnn.benchmark",
+    "cudnn.allow_tf32",
+    "cuda.matmul.allow_tf32",
+    "cuda.cudnn_sdp",
+    "cuda.flash_sdp",
+    "cuda.mem_efficient_sdp",
+)
 
 
 _UNREADABLE = "unreadable (mixed TF32 APIs)"

@@ -64,9 +64,13 @@ def pin_determinism(
     cudnn_benchmark: bool = False,
     matmul_allow_tf32: bool | None = None,
     cudnn_allow_tf32: bool | None = None,
+    extra: Mapping[str, bool] | None = None,
 ) -> Iterator[dict]:
-    """Pin the flags for the body; yields ``determinism_settings()`` as pinned."""
+    """Pin the flags for the body; yields ``determinism_settings()`` as pinned.
+    ``extra``: more pinnable settings by name (a workload's own, e.g.
+    ``{"cuda.cudnn_sdp": False}`` for Moshi)."""
     want = {"cudnn.deterministic": cudnn_deterministic, "cudnn.benchmark": cudnn_benchmark}
+    want.update(extra or {})
     if matmul_allow_tf32 is not None:
         want["cuda.matmul.allow_tf32"] = matmul_allow_tf32
     if cudnn_allow_tf32 is not None:
@@ -94,4 +98,5 @@ def determinism_settings(device: torch.device | str | None = None) -> dict:
         "matmul_allow_tf32": flags["cuda.matmul.allow_tf32"],
         "cudnn_allow_tf32": flags["cudnn.allow_tf32"],
         "device": name if name is not None else "cpu",
+        "pinnable": flags,  # every setting a contract may pin, by its name
     }

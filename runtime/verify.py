@@ -50,7 +50,7 @@ STATE_LIFETIMES = frozenset({"turn", "session", "process"})
 @dataclass(frozen=True)
 class Divergence:
     chunk: int  # 0-based index of the chunk after which the copies differ
-    kind: str  # "output" | "region" | "error" | "length"
+    kind: str  # "output" | "region" | "error" | "length" | "reference"
     name: str  # output path, region name, or what failed
     site: str | None = None  # a region's site on the model
     stock_shape: tuple[int, ...] | None = None
@@ -93,6 +93,7 @@ class Verdict:
     divergence: Divergence | None = None
     replay: dict[str, dict] = field(default_factory=dict)  # callable -> calls, hits, misses
     report: str = ""  # the bound copy's binding.report()
+    reference: dict | None = None  # two stock copies compared first (reproduce.py), if asked
 
     @property
     def ok(self) -> bool:
@@ -108,6 +109,10 @@ class Verdict:
                 f"{self.device}: every output and every state region ({what}) bit-identical "
                 "to the stock copy"
             ]
+        if self.reference is not None and self.reference.get("reproducible"):
+            lines.append(
+                f"  reference: two stock copies reproduce each other over {self.chunks} chunks"
+            )
         for name, why in self.skipped_regions.items():
             lines.append(f"  region {name} not compared: {why}")
         for name, r in self.replay.items():
@@ -133,17 +138,40 @@ def verify_stream(
     *,
     device: str | torch.device | None = None,
     backend: str | None = None,
+    reference_check: bool = False,
 ) -> Verdict:
     """Stream ``chunks`` chunks through a stock copy and a copy bound with ``bind``
-    (a generated adapter's ``bind``) and compare them (see module docstring)."""
+    (a generated adapter's ``bind``) and compare them (see module docstring). With
+    ``reference_check`` two stock copies are compared first (reproduce.py); if they
+    differ, the bound copy is not compared: no verdict holds against a reference that
+    moves."""
     if chunks < 1:
         raise ValueError(f"chunks must be at least 1, got {chunks}")
     device = torch.device(device if device is not None else spec.device)
     if backend is None:
         backend = "cuda" if device.type == "cuda" else "simulate"
+    reference = None
+    if reference_check:
+        from .reproduce import reproduce_stream
+
+        reference = reproduce_stream(spec, chunks, trace=False, device=device)
+        if not reference.reproducible:
+            verdict = Verdict("?", str(device), backend, chunks, reference=reference.to_json())
+            d = reference.output_divergence or {"chunk": reference.compared, "output": "state"}
+            verdict.divergence = Divergence(
+                d["chunk"],
+                "reference",
+                d["output"],
+                note="two STOCK copies already differ here: the reference does not reproduce "
+                "itself, so no bound copy can be checked against it (`clockc reproduce "
+                "--stream ...` finds the operation)",
+            )
+            return verdict
     stock, bound = spec.build(), spec.build()
     binding = bind(bound, device=device, backend=backend, progress=False)
     verdict = Verdict(binding.contract, str(device), backend, chunks)
+    if reference is not None:
+        verdict.reference = reference.to_json()
     state_regions = []
     for r in binding.decl.regions.values():
         if r.site is None:

@@ -48,8 +48,8 @@ def open_session(model: Stream, pool: Any, params: dict) -> Any:
 def step(session: Any, x: Any) -> Any:
     """One chunk; ``x`` a (3, 8) float32 tensor, or its nested list (a WebSocket client's
     JSON: float32 values survive the round trip through JSON numbers exactly)."""
-    x = torch.as_tensor(x, dtype=torch.float32)
-    return session.run(session.obj.chunk, x).numpy()
+    x = torch.as_tensor(x, dtype=torch.float32, device=session.obj.net.w.device)
+    return session.run(session.obj.chunk, x).cpu().numpy()
 
 
 def served() -> ServedModel:

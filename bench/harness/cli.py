@@ -44,6 +44,14 @@ COMMON = (
     ("--time-budget", dict(type=float, metavar="S", help="seconds for this call (driver.py)")),
     ("--merge", dict(action="store_true", help="add this call's cells to the JSON at --out")),
     ("--missing-only", dict(action="store_true", help="run only pairs without an ok result")),
+    (
+        "--no-reference-repeat",
+        dict(
+            action="store_true",
+            help="skip the reference's second fresh run per block (then its reproducibility, "
+            "and so every exact result, is unchecked)",
+        ),
+    ),
     ("--git-commit", dict(help="commit to record when the tree has no .git")),
     ("--rerender", dict(metavar="JSON", help="re-aggregate a result JSON; runs nothing")),
     ("--worker", dict(action="store_true", help=argparse.SUPPRESS)),

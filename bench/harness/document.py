@@ -20,7 +20,7 @@ from duplexcadence.runtime.controls import DISABLE_ENV
 
 from . import report
 from .process import git_info, write_json
-from .stats import aggregate
+from .stats import aggregate, reference_check
 from .worker import ENVELOPE, env_keys
 from .workload import Workload
 
@@ -121,6 +121,7 @@ def build(
     import torch
 
     agg = aggregate(wl, blocks, cells)
+    agg_reference = reference_check(wl, blocks)
     docs: dict[str, Any] = {}
     for c in wl.cells:
         absent = {"status": "not run", "reason": not_run.get(c.name, "not in --cells")}
@@ -144,9 +145,11 @@ def build(
         "hosts": sorted({r["hostname"] for r in ok if r.get("hostname")}),
         "python": platform.python_version(),
         **{k: first_ok(blocks, k) for k in wl.doc_keys},
-        "envelope": ENVELOPE,
+        "envelope": {**ENVELOPE, **wl.determinism},
+        "reference_reproducible": agg_reference["reproducible"],
+        "reference_check": agg_reference,
         "determinism": {
-            "envelope": ENVELOPE,
+            "envelope": {**ENVELOPE, **wl.determinism},
             "pinned_in_every_cell": True,
             "held_in_every_worker": bool(ok) and all(r.get("determinism_ok") for r in ok),
             "read_back_per_cell": read_back,

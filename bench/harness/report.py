@@ -139,6 +139,7 @@ def _header(wl: Workload, doc: dict) -> list[str]:
         "- determinism envelope in every cell: "
         + ", ".join(f"{k}={v}" for k, v in (det.get("envelope") or {}).items())
         + f" (read back in every worker: {det.get('held_in_every_worker')})",
+        _reference_line(wl, doc.get("reference_check") or {}),
         f"- {s.get('blocks')} block(s) × {s.get(n['window'])} measured {u}s after "
         f"{s.get('warmup')} warm-up{passes}; seeds {s.get('block_seeds')}; every (block, cell) "
         "in a fresh process"
@@ -228,3 +229,17 @@ def _block_range(cells: dict, key: str) -> list[list[float]]:
         lo.append(mid - min(vals) if vals else 0.0)
         hi.append(max(vals) - mid if vals else 0.0)
     return [lo, hi]
+
+
+def _reference_line(wl: Workload, check: dict) -> str:
+    """Whether the reference reproduced itself (stats.reference_check)."""
+    if not check.get("blocks_checked"):
+        return f"- reference {wl.reference} reproducible: **unchecked** (no second run)"
+    bad = [b for b in check["per_block"] if not b["reproducible"]]
+    if not bad:
+        return (
+            f"- reference {wl.reference} reproducible: yes, a second fresh run equal over all "
+            f"{check.get('steps')} {wl.unit}s in {check['blocks_checked']} block(s)"
+        )
+    where = "; ".join(f"block {b['block']}: {b['divergence']}" for b in bad)
+    return f"- reference {wl.reference} reproducible: **NO** ({where}); no cell is exact against it"

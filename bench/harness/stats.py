@@ -101,6 +101,31 @@ def first_divergence(wl: Workload, a: Mapping, b: Mapping) -> dict | None:
     return None
 
 
+def reference_check(wl: Workload, blocks: Sequence[Mapping[str, Any]]) -> dict:
+    """Whether the reference reproduced itself: per block, its result against the second
+    fresh run of the same (block, seed) (``reference_repeat``, driver.py), every step of
+    every stream. ``reproducible`` is None where no block has both runs."""
+    per_block = []
+    for b in blocks:
+        first, again = (b.get("results") or {}).get(wl.reference), b.get("reference_repeat")
+        if not (first and again and first.get("status") == again.get("status") == "ok"):
+            continue
+        d = first_divergence(wl, first, again)
+        per_block.append({"block": b.get("block"), "reproducible": d is None, "divergence": d})
+    return {
+        "reproducible": all(r["reproducible"] for r in per_block) if per_block else None,
+        "blocks_checked": len(per_block),
+        "steps": min((len(b.get("results", {}).get(wl.reference, {}).get(wl.streams[0].step_key)
+                          or []) for b in blocks), default=0) if per_block else 0,
+        "per_block": per_block,
+    }  # fmt: skip
+
+
+def unreproducible_blocks(wl: Workload, blocks: Sequence[Mapping[str, Any]]) -> set:
+    """Blocks whose reference did not reproduce itself: nothing is exact against them."""
+    return {r["block"] for r in reference_check(wl, blocks)["per_block"] if not r["reproducible"]}
+
+
 def exact_reference(wl: Workload, cell: str) -> str:
     """The cell whose bytes ``cell`` must equal."""
     return getattr(wl.by_name.get(cell), "exact_against", None) or wl.reference
@@ -113,11 +138,15 @@ def exactness(wl: Workload, cell: str, raw: list, ref_raw: list, blocks: list) -
     if cell == ref or any(getattr(c, "exact_against", None) == cell for c in wl.cells):
         return {"exact": any(ok), "exact_note": "reference"}
     keys = [s.key for s in wl.streams]
-    compared = equal = uncompared = 0
+    compared = equal = uncompared = unfounded = 0
     divergence = []
+    moving = unreproducible_blocks(wl, blocks) if ref == wl.reference else set()
     for i, (r, e) in enumerate(zip(raw, ref_raw)):
         if not (e and e.get("status") == "ok"):
             uncompared += ok[i]
+            continue
+        if blocks[i].get("block", i) in moving:  # the reference moves: no result
+            unfounded += ok[i]
             continue
         compared += 1
         same = ok[i] and all(r.get(k) is not None and r.get(k) == e.get(k) for k in keys)
@@ -131,6 +160,11 @@ def exactness(wl: Workload, cell: str, raw: list, ref_raw: list, blocks: list) -
     }
     if uncompared:
         out["exact_note"] = f"{uncompared} block(s) without a {ref} result to compare"
+    if unfounded:
+        out["exact_note"] = (
+            f"{unfounded} block(s) not compared: {ref} did not reproduce itself there "
+            "(reference_check)"
+        )
     if divergence:
         out["first_divergence"] = divergence
     return out

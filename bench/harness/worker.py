@@ -38,8 +38,12 @@ ENVELOPE = {
 }
 
 
-def envelope_holds(settings: Mapping[str, Any]) -> bool:
-    return all(settings.get(k) == v for k, v in ENVELOPE.items())
+def envelope_holds(settings: Mapping[str, Any], extra: Mapping[str, bool] | None = None) -> bool:
+    """The harness's envelope and a workload's own settings (``Workload.determinism``)."""
+    pinned = settings.get("pinnable") or {}
+    return all(settings.get(k) == v for k, v in ENVELOPE.items()) and all(
+        pinned.get(k) == v for k, v in (extra or {}).items()
+    )
 
 
 class MemTracker:
@@ -210,8 +214,10 @@ class Phases:
         self.binding = self.timed("setup", self.run.setup)
         if before is not None:
             self.ctx.setup["allocated_delta_mib"] = self.mem.allocated_mib() - before
-        if not envelope_holds(self.settings("after_setup")):
-            self.flags["repinned_after_setup"] = self.ctx.stack.enter_context(pin_determinism())
+        if not envelope_holds(self.settings("after_setup"), self.wl.determinism):
+            self.flags["repinned_after_setup"] = self.ctx.stack.enter_context(
+                pin_determinism(extra=self.wl.determinism)
+            )
 
     def measure(self) -> None:
         unit, n, r = self.wl.unit, self.n, self.result
@@ -248,7 +254,9 @@ class Phases:
         r, binding = self.result, self.binding
         self.settings("end")
         r["determinism"] = self.flags["window"]
-        r["determinism_ok"] = all(envelope_holds(self.flags[k]) for k in ("start", "window", "end"))
+        r["determinism_ok"] = all(
+            envelope_holds(self.flags[k], self.wl.determinism) for k in ("start", "window", "end")
+        )
         r["memory"] = self.mem.summary()
         r.update(self.hashes.record())
         if binding is not None:
@@ -274,7 +282,7 @@ def run_worker(wl: Workload, args: Any, result: dict) -> None:
     n_steps = sum(wl.counts(args).values())
     result[f"n_{wl.unit}s_streamed"] = n_steps
     with contextlib.ExitStack() as stack:
-        stack.enter_context(pin_determinism())
+        stack.enter_context(pin_determinism(extra=wl.determinism))
         result["setup"] = {}
         phases = Phases(
             wl, WorkerContext(args, cell, device, result, result["setup"], stack, n_steps)

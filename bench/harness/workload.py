@@ -130,6 +130,10 @@ class Workload:
     first_worker_est_s: Mapping[str, float] = field(default_factory=dict)
     deadline_ms: float | None = None
     module: str = ""  # what workers run as ``python -m``; default ``bench.<name>``
+    # settings pinned in EVERY cell beside the harness's envelope, the reference included
+    # (runtime/determinism.py names): what the workload's reference needs to reproduce
+    # itself, e.g. Moshi's {"cuda.cudnn_sdp": False}
+    determinism: Mapping[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "module", self.module or f"bench.{self.name}")

@@ -195,3 +195,53 @@ def bind_adapter(
             mimi.reset_streaming()
             lm_gen.reset_streaming()
     return binding
+
+
+def stream_spec(
+    device: str = "cuda",
+    lm_kwargs: dict[str, Any] | None = FULL_7B,
+    seed: int = 0,
+    determinism: dict[str, bool] | None = None,
+) -> Any:
+    """The stock loop as a ``StreamSpec`` (runtime/streams.py), for ``clockc reproduce``
+    and ``clockc verify``: ``build()`` is ``build_moshi`` under the bench's envelope
+    (cuDNN deterministic, no benchmark); ``drive()`` runs ``step_frame`` on the seeded
+    frames with the vendor's CUDA graphs and ``torch.compile`` off (the eager reference)
+    and yields ``{"tokens", "pcm"}`` per frame (None before the LM's first output).
+    ``determinism``: more settings pinned at build (runtime/determinism.py names)."""
+    from duplexcadence.runtime.determinism import apply_settings
+    from duplexcadence.runtime.streams import StreamSpec
+
+    def build() -> Any:
+        apply_settings(
+            {"cudnn.deterministic": True, "cudnn.benchmark": False, **(determinism or {})}
+        )
+        mimi, lm_gen = build_moshi(seed, device, torch.bfloat16, lm_kwargs, greedy=True)
+        return types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
+
+    def drive(model: Any, frames: int):
+        from moshi.utils.compile import no_cuda_graph
+
+        for chunk in pcm_stream(seed, frames):
+            with no_cuda_graph():
+                toks, outs = step_frame(model.mimi, model.lm_gen, chunk)
+            yield {"tokens": toks[0] if toks else None, "pcm": outs[0] if outs else None}
+
+    return StreamSpec(build=build, drive=drive, device=device)
+
+
+def stream_7b() -> Any:
+    """The full 7B LM + Mimi on CUDA (``clockc reproduce --stream
+    bench.workloads.moshi:stream_7b``)."""
+    return stream_spec("cuda", FULL_7B)
+
+
+def stream_7b_no_cudnn_sdp() -> Any:
+    """``stream_7b`` with cuDNN's attention backend off (the LM step's SDPA then runs the
+    mem-efficient kernel)."""
+    return stream_spec("cuda", FULL_7B, determinism={"cuda.cudnn_sdp": False})
+
+
+def stream_tiny() -> Any:
+    """The tiny LM + Mimi on the CPU (tests)."""
+    return stream_spec("cpu", {**_loaders()._lm_kwargs, **TINY_SHRINK})

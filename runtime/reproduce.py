@@ -1,0 +1,646 @@
+"""Is the stock stream a function of its input? Two stock copies, compared op by op.
+
+Contract of this layer. A contract is only checkable against a reference that
+reproduces itself: if two unmodified copies of a model, fed the same traffic, do not
+return the same bytes, no bound copy can be "exact" against either of them. This
+module answers that question for any ``StreamSpec`` (streams.py) and, when the answer
+is no, says *where* the copies first part:
+
+* ``reproduce_stream(spec, chunks)`` builds two stock copies in this process and
+  drives both with the same seeded traffic, one chunk each in turn, each copy on its
+  own random-number streams (verify.py's ``_RngStreams``: a model that draws sees the
+  same numbers in both). Every output of every chunk is compared bit for bit. With
+  ``trace=True`` (the default) every tensor operation both copies run is recorded
+  through a ``TorchDispatchMode`` with the module it ran in (forward pre/post hooks
+  keep the path), and after every chunk every tensor of the copies' streaming state
+  (module attributes that are not parameters: caches, rings, offsets) is compared
+  too. The first operation whose output differs while everything before it agreed is
+  where the nondeterminism enters: its module path, the aten op, the output leaf,
+  the first differing element with both values. Tracing stops there (everything
+  after depends on it); outputs are compared to the end, so the report also says at
+  which chunk the difference first reached what a user sees (a token ID, PCM).
+* ``record_trace(spec, chunks, path)`` runs ONE copy and writes, per chunk, each
+  operation's module path, op and a fingerprint of its outputs (two int64 sums of the
+  outputs' bits) and the SHA-256 of each output; ``compare_records(a, b)`` finds the
+  first difference between two such files. Two fresh processes (``clockc reproduce
+  --processes``) are the strongest test: allocator history, library handles and
+  lazily chosen algorithms all start anew.
+
+The trace reads tensor data and is slow (every op's outputs are kept or hashed); it
+is a diagnostic, run before a contract is checked, never on the serving path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .audit import _as_bits, difference_box, first_difference
+from .streams import StreamSpec
+
+# Per copy and chunk, op outputs kept as device clones up to this many bytes; past it
+# only fingerprints (a difference is still found, without its values).
+DEFAULT_KEEP_BYTES = 1 << 30
+# A larger op output (a whole cache written in place) is only fingerprinted.
+KEEP_TENSOR_BYTES = 16 << 20
+_STATE_DEPTH = 4  # how far the state walk follows plain objects from a module
+
+# Op outputs that are not data and are never read as such, so their bytes may differ
+# between copies without meaning anything: the allocation ops' fresh memory, and the
+# random-number bookkeeping attention kernels return (seed, offset, sequence lengths,
+# debug mask; left uninitialised without dropout). Measured on the H200: the philox
+# seeds of the mem-efficient and cuDNN kernels differed between two Moshi copies on
+# their first calls while every attention result agreed. An uninitialised buffer that
+# IS read shows at its reader.
+UNINITIALISED_OPS = frozenset(
+    {"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+     "aten.new_empty_strided"}
+)  # fmt: skip
+# the attention kernels' data: the result and its log-sum-exp (their first two tensor
+# outputs; what follows varies by torch version and is bookkeeping)
+DATA_OUTPUTS = {
+    "aten._scaled_dot_product_efficient_attention": 2,
+    "aten._efficient_attention_forward": 2,
+    "aten._scaled_dot_product_flash_attention": 2,
+    "aten._scaled_dot_product_cudnn_attention": 2,
+    "aten._flash_attention_forward": 2,
+}
+
+
+@dataclass(frozen=True)
+class OpDifference:
+    """The first op (or state tensor) whose bytes differ between the two copies."""
+
+    chunk: int
+    kind: str  # "weights" (at build: chunk -1) | "op" | "state" | "control"
+    index: int | None  # the op's position within the chunk (call order), None for state
+    module: str  # the module the op ran in ("" at top level), or the state's path
+    op: str  # the aten op ("" for state)
+    leaf: int | None = None  # which output of the op
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    element: tuple[int, ...] | None = None
+    first: Any = None  # copy A's value at ``element``
+    second: Any = None  # copy B's
+    count: int | None = None
+    box: tuple[tuple[int, int], ...] = ()
+    note: str = ""
+
+    def describe(self) -> str:
+        where = (
+            f"op {self.op} in {self.module or '<top level>'}"
+            if self.kind == "op"
+            else (
+                f"state {self.module}"
+                if self.kind == "state"
+                else f"control flow at op {self.index}"
+            )
+        )
+        head = f"first difference: {where}, chunk {self.chunk}"
+        if self.index is not None and self.kind == "op":
+            head += f", op #{self.index} of the chunk, output {self.leaf}"
+        parts = [self.note] if self.note else []
+        if self.shape is not None:
+            parts.append(f"tensor {list(self.shape)} {self.dtype}")
+        if self.element is not None:
+            parts.append(
+                f"first differing element {self.element}: {self.first!r} vs {self.second!r}"
+            )
+        if self.box:
+            span = ", ".join(f"{lo}:{hi + 1}" for lo, hi in self.box)
+            parts.append(f"{self.count} elements differ, all within [{span}]")
+        return head + "".join(f"\n  {p}" for p in parts)
+
+
+@dataclass
+class Reproduction:
+    """What two stock copies did with the same traffic."""
+
+    chunks: int
+    device: str
+    traced: bool
+    compared: int = 0  # chunks whose outputs were compared
+    output_divergence: dict | None = None  # {"chunk", "output", "note"}: what a user sees
+    first_difference: OpDifference | None = None  # where it enters (traced runs)
+    ops_per_chunk: list[int] = field(default_factory=list)
+    state_tensors: int = 0
+    mode: str = "copies"  # "copies" (one process) | "processes"
+
+    @property
+    def reproducible(self) -> bool:
+        return (
+            self.output_divergence is None
+            and self.first_difference is None
+            and self.compared == self.chunks
+        )
+
+    def describe(self) -> str:
+        what = "two stock copies" + (" in fresh processes" if self.mode == "processes" else "")
+        if self.reproducible:
+            traced = (
+                f", every op ({sum(self.ops_per_chunk)}) and {self.state_tensors} state tensors"
+                if self.traced
+                else ""
+            )
+            return (
+                f"reference reproducible: {what} on {self.device} returned the same bytes "
+                f"for {self.compared}/{self.chunks} chunks (every output{traced})"
+            )
+        lines = [f"reference NOT reproducible: {what} on {self.device} differ"]
+        if self.output_divergence is not None:
+            d = self.output_divergence
+            lines.append(f"  outputs first differ at chunk {d['chunk']}: {d['output']}")
+        elif self.compared == self.chunks:
+            lines.append(f"  outputs equal over all {self.chunks} chunks, but state differs")
+        if self.first_difference is not None:
+            lines.extend("  " + ln for ln in self.first_difference.describe().splitlines())
+        lines.append(
+            "  a bound copy cannot be checked against a reference that moves: pin the "
+            "operation (a `determinism` setting, or a declared initial value) first"
+        )
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["reproducible"] = self.reproducible
+        if self.first_difference is not None:
+            out["first_difference"]["describe"] = self.first_difference.describe()
+        return _jsonable(out)
+
+
+# ====================================================================== tracing
+def _modules(model: Any) -> list[tuple[str, torch.nn.Module]]:
+    """Every module of ``model`` (a module, or an object whose attributes hold modules)
+    with its dotted path, each module once."""
+    roots: list[tuple[str, torch.nn.Module]] = []
+    if isinstance(model, torch.nn.Module):
+        roots.append(("", model))
+    else:
+        for name, value in sorted(vars(model).items()) if hasattr(model, "__dict__") else ():
+            if isinstance(value, torch.nn.Module):
+                roots.append((name, value))
+    seen: set[int] = set()
+    out = []
+    for prefix, root in roots:
+        for name, m in root.named_modules():
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            out.append((".".join(p for p in (prefix, name) if p), m))
+    return out
+
+
+def state_tensors(model: Any) -> dict[str, torch.Tensor]:
+    """Every tensor a module keeps outside its parameters and buffers' names, i.e. its
+    stream state (``module._streaming_state.kv_cache.cache``, a dict of caches), by
+    path; buffers too (a stock loop may write one in place). Parameters are weights."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def walk(x: Any, path: str, depth: int) -> None:
+        if isinstance(x, torch.Tensor):
+            if id(x) not in seen:
+                seen.add(id(x))
+                out[path] = x
+            return
+        if depth > _STATE_DEPTH or id(x) in seen or isinstance(x, torch.nn.Module):
+            return
+        if isinstance(x, (str, bytes, int, float, bool, type(None))):
+            return
+        seen.add(id(x))
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}[{k!r}]", depth + 1)
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]", depth + 1)
+        elif dataclasses.is_dataclass(x):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name, None), f"{path}.{f.name}", depth + 1)
+        elif hasattr(x, "__dict__") and not callable(x):
+            for k, v in vars(x).items():
+                walk(v, f"{path}.{k}", depth + 1)
+
+    for path, m in _modules(model):
+        for name, buf in m.named_buffers(recurse=False):
+            walk(buf, f"{path}.{name}" if path else name, 0)
+        for k, v in vars(m).items():
+            if k in ("_parameters", "_buffers", "_modules") or k.startswith("__"):
+                continue
+            if k.startswith("_") and "state" not in k and "cache" not in k:
+                continue  # private machinery (hooks, flags), not stream state
+            walk(v, f"{path}.{k}" if path else k, 0)
+    return out
+
+
+def weight_prints(model: Any) -> dict[str, list[int]]:
+    """Every parameter's fingerprint by path: two copies built from one seed must start
+    from the same weights (a loader that leaves a tensor uninitialised would not)."""
+    out = {}
+    for path, m in _modules(model):
+        for name, p in m.named_parameters(recurse=False):
+            out[f"{path}.{name}" if path else name] = fingerprint(p).tolist()
+    return out
+
+
+def _weights_difference(a: dict, b: dict) -> OpDifference | None:
+    for path, fa in a.items():
+        if b.get(path) != fa:
+            return OpDifference(-1, "weights", None, path, "",
+                                note="the copies were built with other weights")  # fmt: skip
+    return None
+
+
+def _leaves(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _leaves(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _leaves(v)]
+    return []
+
+
+_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
+def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Two int64 sums of ``t``'s bit patterns (plain and position-weighted), on its
+    device: equal tensors always agree; different ones practically never do."""
+    bits = _as_bits(t.detach())
+    if bits.dtype == torch.bool:
+        bits = bits.to(torch.uint8)
+    flat = bits.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    w = _WEIGHTS.get(t.device)
+    if w is None or w.numel() < n:
+        w = torch.arange(1, max(n, 1024) + 1, device=t.device, dtype=torch.int64)
+        _WEIGHTS[t.device] = w
+    return torch.stack([flat.sum(), (flat * w[:n]).sum()])
+
+
+@dataclass
+class _Op:
+    module: str
+    op: str
+    shapes: tuple
+    kept: list[torch.Tensor | None]  # clones (within the byte budget) or None
+    prints: list[torch.Tensor]  # fingerprints, on the device
+    outputs: list[int] = field(default_factory=list)  # which of the op's outputs each is
+
+
+class OpTrace(TorchDispatchMode):
+    """Records every op's outputs (module path, op name, clones within a budget and
+    fingerprints) while active; ``modules`` hooks keep the current module path."""
+
+    def __init__(self, model: Any, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
+        super().__init__()
+        self.keep_bytes = keep_bytes
+        self.ops: list[_Op] = []
+        self._kept = 0
+        self._stack: list[str] = []
+        self._handles = []
+        for path, m in _modules(model):
+            self._handles.append(m.register_forward_pre_hook(self._enter(path)))
+            self._handles.append(m.register_forward_hook(self._leave))
+        self.active = True
+
+    def _enter(self, path: str):
+        def hook(*_: Any) -> None:
+            self._stack.append(path)
+
+        return hook
+
+    def _leave(self, *_: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def new_chunk(self) -> None:
+        self.ops, self._kept = [], 0
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        if not self.active:
+            return out
+        packet = str(func.overloadpacket)
+        if packet in UNINITIALISED_OPS:
+            return out
+        numbered = list(enumerate(_leaves(out)))[: DATA_OUTPUTS.get(packet)]
+        leaves = [t for _, t in numbered]
+        kept: list[torch.Tensor | None] = []
+        prints = []
+        for t in leaves:
+            nbytes = t.numel() * t.element_size()
+            if nbytes <= KEEP_TENSOR_BYTES and self._kept + nbytes <= self.keep_bytes:
+                kept.append(t.detach().clone())
+                self._kept += nbytes
+            else:
+                kept.append(None)
+            prints.append(fingerprint(t))
+        shapes = tuple((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in leaves)
+        if isinstance(out, (int, float, bool)):  # a host value (.item()): compared as is
+            shapes += (("value", out),)
+        self.ops.append(
+            _Op(self._stack[-1] if self._stack else "", str(func), shapes, kept, prints)
+        )
+        return out
+
+
+def _host_prints(ops: list[_Op]) -> list[list[int]]:
+    """Every fingerprint of ``ops`` in order, on the host: one transfer per device (an
+    op may run on the host in a device model: an index built with torch.arange)."""
+    flat = [p for op in ops for p in op.prints]
+    out: list[list[int] | None] = [None] * len(flat)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(flat):
+        by_device.setdefault(p.device, []).append(i)
+    for idx in by_device.values():
+        for i, v in zip(idx, torch.stack([flat[i] for i in idx]).cpu().tolist()):
+            out[i] = v
+    return out  # type: ignore[return-value]
+
+
+def _first_op_difference(chunk: int, a: list[_Op], b: list[_Op]) -> OpDifference | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if (x.module, x.op, x.shapes) != (y.module, y.op, y.shapes):
+            return OpDifference(
+                chunk, "control", i, y.module, y.op,
+                note=f"copy A ran {x.op} {x.shapes} in {x.module or '<top>'}, "
+                f"copy B {y.op} {y.shapes} in {y.module or '<top>'}",
+            )  # fmt: skip
+    if len(a) != len(b):
+        return OpDifference(chunk, "control", min(len(a), len(b)), "", "",
+                            note=f"copy A ran {len(a)} ops, copy B {len(b)}")  # fmt: skip
+    # one host transfer per device for the whole chunk
+    differs = [x != y for x, y in zip(_host_prints(a), _host_prints(b))]
+    k = 0
+    for i, (x, y) in enumerate(zip(a, b)):
+        for leaf in range(len(x.prints)):
+            if differs[k]:
+                return _describe_op(chunk, i, leaf, x, y)
+            k += 1
+    return None
+
+
+def _describe_op(chunk: int, i: int, leaf: int, x: _Op, y: _Op) -> OpDifference:
+    shape, dtype = x.shapes[leaf]
+    ta, tb = x.kept[leaf], y.kept[leaf]
+    detail: dict[str, Any] = {}
+    if ta is not None and tb is not None:
+        ca, cb = ta.cpu(), tb.cpu()
+        element = first_difference(ca, cb)
+        count, box = difference_box(ca, cb)
+        detail = dict(element=element, count=count, box=box)
+        if element is not None:
+            detail.update(first=ca[element].item(), second=cb[element].item())
+    else:
+        detail["note"] = "values not kept (past the trace's byte budget): fingerprints differ"
+    output = x.outputs[leaf] if leaf < len(x.outputs) else leaf
+    return OpDifference(chunk, "op", i, x.module, x.op, output, shape, dtype, **detail)
+
+
+def _state_prints(model: Any) -> dict[str, list[int]]:
+    """Every state tensor's fingerprint by path (a 7B model's rings are GBs: hashed on
+    the device, one transfer)."""
+    state = state_tensors(model)
+    ops = [_Op("", "", (), [], [fingerprint(t) for t in state.values()])]
+    return dict(zip(state, _host_prints(ops)))
+
+
+def _first_state_difference(chunk: int, a: Any, b: Any) -> OpDifference | None:
+    sa, sb = state_tensors(a), state_tensors(b)
+    pa, pb = _state_prints(a), _state_prints(b)
+    for path in sa:
+        if path in sb and pa[path] == pb.get(path) and sa[path].shape == sb[path].shape:
+            continue  # equal fingerprints: the same bytes (details only for a difference)
+        if path not in sb:
+            return OpDifference(chunk, "state", None, path, "", note="missing in copy B")
+        x, y = sa[path], sb[path]
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return OpDifference(chunk, "state", None, path, "",
+                                note=f"{tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}")  # fmt: skip
+        ca, cb = x.detach().cpu(), y.detach().cpu()
+        element = first_difference(ca, cb)
+        if element is None:
+            continue
+        count, box = difference_box(ca, cb)
+        values = dict(first=ca[element].item(), second=cb[element].item())
+        return OpDifference(
+            chunk, "state", None, path, "", None, tuple(x.shape),
+            str(x.dtype).removeprefix("torch."), element, count=count, box=box, **values,
+        )  # fmt: skip
+    return None
+
+
+# ==================================================================== two copies
+def reproduce_stream(
+    spec: StreamSpec,
+    chunks: int,
+    *,
+    trace: bool = True,
+    device: str | torch.device | None = None,
+    keep_bytes: int = DEFAULT_KEEP_BYTES,
+) -> Reproduction:
+    """Two stock copies of ``spec`` in this process (module docstring)."""
+    from .verify import _named_leaves, _next_pair, _RngStreams
+
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    device = torch.device(device if device is not None else spec.device)
+    first, second = spec.build(), spec.build()
+    result = Reproduction(chunks, str(device), trace)
+    result.first_difference = _weights_difference(weight_prints(first), weight_prints(second))
+    traces = [OpTrace(first, keep_bytes), OpTrace(second, keep_bytes)] if trace else []
+    for t in traces if result.first_difference is not None else ():
+        t.active = False  # other weights: every op differs, nothing to trace
+    rng = _RngStreams(device)
+    streams = [rng.wrap(n, _traced(spec.drive(m, chunks), t)) for n, m, t in
+               zip(("stock", "bound"), (first, second), traces or (None, None))]  # fmt: skip
+    try:
+        for chunk in range(chunks):
+            found = _next_pair(streams[0], streams[1], chunk)
+            if not isinstance(found, tuple):
+                result.output_divergence = {"chunk": chunk, "output": found.name,
+                                            "note": found.note}  # fmt: skip
+                break
+            if result.first_difference is None:
+                diff = None
+                if traces:
+                    result.ops_per_chunk.append(len(traces[0].ops))
+                    diff = _first_op_difference(chunk, traces[0].ops, traces[1].ops)
+                if diff is None:
+                    diff = _first_state_difference(chunk, first, second)
+                    result.state_tensors = len(state_tensors(first))
+                if diff is not None:
+                    result.first_difference = diff
+                    for t in traces:  # what follows depends on it: outputs only from here
+                        t.active = False
+                        t.new_chunk()
+            a, b = (_named_leaves(x, "output") for x in found)
+            differing = _first_differing_output(a, b)
+            if differing is not None:
+                result.output_divergence = {"chunk": chunk, "output": differing, "note": ""}
+                break
+            result.compared = chunk + 1
+    finally:
+        for s in streams:
+            s.close()
+        rng.restore()
+        for t in traces:
+            t.remove()
+    return result
+
+
+def _traced(stream: Iterator[Any], trace: OpTrace | None) -> Iterator[Any]:
+    """``stream`` with ``trace`` active while each chunk is produced."""
+    while True:
+        if trace is not None:
+            trace.new_chunk()
+            with trace:
+                item = next(stream, _DONE)
+        else:
+            item = next(stream, _DONE)
+        if item is _DONE:
+            return
+        yield item
+
+
+_DONE = object()
+
+
+def _first_differing_output(a: dict, b: dict) -> str | None:
+    from .audit import bitwise_equal
+
+    if list(a) != list(b):
+        return f"output structure ({list(a)} vs {list(b)})"
+    for path, x in a.items():
+        y = b[path]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if not bitwise_equal(x, y):
+                return path
+        elif not (type(x) is type(y) and x == y):
+            return path
+    return None
+
+
+# ============================================================== fresh processes
+def record_trace(spec: StreamSpec, chunks: int, path: str | Path, *, trace: bool = True) -> dict:
+    """Run one stock copy and write its per-chunk record (module docstring) to ``path``
+    (JSON lines: one object per chunk). Returns a summary."""
+    from .verify import _named_leaves
+
+    model = spec.build()
+    tracer = OpTrace(model, keep_bytes=0) if trace else None
+    n_ops = 0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"weights": weight_prints(model)}) + "\n")
+        try:
+            for chunk, item in enumerate(_traced(spec.drive(model, chunks), tracer)):
+                ops = tracer.ops if tracer is not None else []
+                prints = _host_prints(ops)
+                k, rows = 0, []
+                for op in ops:
+                    shapes = [[list(s) if isinstance(s, tuple) else s, d] for s, d in op.shapes]
+                    rows.append([op.module, op.op, shapes, prints[k : k + len(op.prints)]])
+                    k += len(op.prints)
+                n_ops += len(ops)
+                outputs = {p: _digest(v) for p, v in _named_leaves(item, "output").items()}
+                state = _state_prints(model)
+                f.write(json.dumps({"chunk": chunk, "outputs": outputs, "ops": rows,
+                                    "state": state}) + "\n")  # fmt: skip
+        finally:
+            if tracer is not None:
+                tracer.remove()
+    return {"chunks": chunks, "ops": n_ops}
+
+
+def _digest(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        t = x.detach().cpu().contiguous()
+        head = f"{str(t.dtype)}{tuple(t.shape)}".encode()
+        return hashlib.sha256(head + _as_bits(t).numpy().tobytes()).hexdigest()
+    return repr(x)
+
+
+def compare_records(a: str | Path, b: str | Path, device: str = "") -> Reproduction:
+    """The first difference between two ``record_trace`` files of the same stream."""
+    ra = [json.loads(line) for line in Path(a).read_text(encoding="utf-8").splitlines()]
+    rb = [json.loads(line) for line in Path(b).read_text(encoding="utf-8").splitlines()]
+    wa, wb = ra.pop(0)["weights"], rb.pop(0)["weights"]
+    traced = any(r["ops"] for r in ra)
+    result = Reproduction(len(ra), device, traced, mode="processes")
+    result.first_difference = _weights_difference(wa, wb)
+    for x, y in zip(ra, rb):
+        chunk = x["chunk"]
+        if result.first_difference is None and traced:
+            result.ops_per_chunk.append(len(x["ops"]))
+            result.first_difference = _record_difference(chunk, x, y)
+            result.state_tensors = len(x["state"])
+        differing = next((p for p in x["outputs"] if x["outputs"][p] != y["outputs"].get(p)), None)
+        if differing is not None or list(x["outputs"]) != list(y["outputs"]):
+            result.output_divergence = {"chunk": chunk, "output": differing or "structure",
+                                        "note": "SHA-256 differs"}  # fmt: skip
+            break
+        result.compared = chunk + 1
+    if len(ra) != len(rb) and result.output_divergence is None:
+        result.output_divergence = {"chunk": min(len(ra), len(rb)), "output": "stream",
+                                    "note": f"{len(ra)} vs {len(rb)} chunks recorded"}  # fmt: skip
+    return result
+
+
+def _record_difference(chunk: int, x: dict, y: dict) -> OpDifference | None:
+    for i, (p, q) in enumerate(zip(x["ops"], y["ops"])):
+        if p[:3] != q[:3]:
+            return OpDifference(chunk, "control", i, q[0], q[1],
+                                note=f"copy A ran {p[1]} {p[2]} in {p[0] or '<top>'}")  # fmt: skip
+        for leaf, (fa, fb) in enumerate(zip(p[3], q[3])):
+            if fa != fb:
+                return OpDifference(
+                    chunk, "op", i, p[0], p[1], leaf, tuple(p[2][leaf][0]), p[2][leaf][1],
+                    note="fingerprints differ (values are not recorded across processes; "
+                    "`clockc reproduce` without --processes shows them when two copies in "
+                    "one process part too)",
+                )  # fmt: skip
+    if len(x["ops"]) != len(y["ops"]):
+        return OpDifference(chunk, "control", min(len(x["ops"]), len(y["ops"])), "", "",
+                            note=f"{len(x['ops'])} vs {len(y['ops'])} ops")  # fmt: skip
+    for path, d in x["state"].items():
+        if y["state"].get(path) != d:
+            return OpDifference(chunk, "state", None, path, "", note="fingerprints differ")
+    return None
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and x != x:
+        return "nan"
+    if isinstance(x, (str, int, float, bool, type(None))):
+        return x
+    return repr(x)
+
+
+__all__ = [
+    "OpDifference",
+    "OpTrace",
+    "Reproduction",
+    "compare_records",
+    "fingerprint",
+    "record_trace",
+    "reproduce_stream",
+    "state_tensors",
+]
