@@ -129,7 +129,7 @@ def cmd_reproduce(args) -> int:
     if args.processes:
         result = _two_processes(args, spec.device)
     else:
-        result = reproduce_stream(spec, args.chunks, trace=not args.no_trace)
+        result = reproduce_stream(spec, args.chunks, trace=not args.no_trace, progress=True)
     if args.format == "json":
         print(_document("reproduce", [{"stream": args.stream, **result.to_json()}]))
     else:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,6 +44,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .audit import _as_bits, difference_box, first_difference
+from .progress import capture_progress
 from .streams import StreamSpec
 
 # Per copy and chunk, op outputs kept as device clones up to this many bytes; past it
@@ -66,11 +68,11 @@ UNINITIALISED_OPS = frozenset(
 # the attention kernels' data: the result and its log-sum-exp (their first two tensor
 # outputs; what follows varies by torch version and is bookkeeping)
 DATA_OUTPUTS = {
-    "aten._scaled_dot_product_efficient_attention": 2,
-    "aten._efficient_attention_forward": 2,
-    "aten._scaled_dot_product_flash_attention": 2,
-    "aten._scaled_dot_product_cudnn_attention": 2,
-    "aten._flash_attention_forward": 2,
+    "aten._scaled_dot_product_efficient_attention": 1,
+    "aten._efficient_attention_forward": 1,
+    "aten._scaled_dot_product_flash_attention": 1,
+    "aten._scaled_dot_product_cudnn_attention": 1,
+    "aten._flash_attention_forward": 1,
 }
 
 
@@ -452,8 +454,11 @@ def reproduce_stream(
     trace: bool = True,
     device: str | torch.device | None = None,
     keep_bytes: int = DEFAULT_KEEP_BYTES,
+    progress: bool = False,
 ) -> Reproduction:
-    """Two stock copies of ``spec`` in this process (module docstring)."""
+    """Two stock copies of ``spec`` in this process (module docstring). ``progress``: a
+    bar on stderr, and each finding printed the moment it is made (a run stopped by a
+    timeout has still said where the copies parted)."""
     from .verify import _named_leaves, _next_pair, _RngStreams
 
     if chunks < 1:
@@ -468,7 +473,9 @@ def reproduce_stream(
     rng = _RngStreams(device)
     streams = [rng.wrap(n, _traced(spec.drive(m, chunks), t)) for n, m, t in
                zip(("stock", "bound"), (first, second), traces or (None, None))]  # fmt: skip
+    bar = capture_progress(progress, "reproducing (two stock copies)", chunks)
     try:
+        advance = bar.__enter__()
         for chunk in range(chunks):
             found = _next_pair(streams[0], streams[1], chunk)
             if not isinstance(found, tuple):
@@ -485,6 +492,7 @@ def reproduce_stream(
                     result.state_tensors = len(state_tensors(first))
                 if diff is not None:
                     result.first_difference = diff
+                    _say(progress, diff.describe())
                     for t in traces:  # what follows depends on it: outputs only from here
                         t.active = False
                         t.new_chunk()
@@ -492,15 +500,23 @@ def reproduce_stream(
             differing = _first_differing_output(a, b)
             if differing is not None:
                 result.output_divergence = {"chunk": chunk, "output": differing, "note": ""}
+                _say(progress, f"outputs first differ at chunk {chunk}: {differing}")
                 break
             result.compared = chunk + 1
+            advance()
     finally:
+        bar.__exit__(None, None, None)
         for s in streams:
             s.close()
         rng.restore()
         for t in traces:
             t.remove()
     return result
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        print(f"reproduce: {text}", file=sys.stderr, flush=True)
 
 
 def _traced(stream: Iterator[Any], trace: OpTrace | None) -> Iterator[Any]:

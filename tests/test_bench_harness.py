@@ -186,7 +186,8 @@ def test_merge_pairs_calls_by_block_and_keeps_what_it_replaces(monkeypatch, tmp_
     clock = [0.0]
     fake = FakeWorkers({"stock": 300.0, "same": 60.0}, clock)
     rc, doc = _drive(monkeypatch, tmp_path, fake, "--cells", "stock,same", "--blocks", "2")
-    assert rc == 0 and len(fake.calls) == 4
+    assert rc == 0 and len(fake.calls) == 6  # the reference twice per block
+    assert doc["reference_reproducible"] is True
     assert doc["cells"]["noisy"]["status"] == "not run"
     assert doc["blocks"][1]["order"] == ["same", "stock"]  # rotated by the block index
     fake2 = FakeWorkers(
@@ -223,16 +224,53 @@ def test_time_budget_then_missing_only(monkeypatch, tmp_path):
         "2",
         "--time-budget",
         "100",
+        "--no-reference-repeat",
     )
     assert [c[:2] for c in fake.calls] == [("stock", 0), ("same", 0)]
     assert fake.calls[1][2] == pytest.approx(100 - 15 - 30)  # timeout = what is left
     assert doc["cells"]["same"]["status"] == "partial" and "time-budget" in doc["budget_stop"]
     fake2 = FakeWorkers({"stock": 300.0, "same": 290.0}, clock)
     rc, doc = _drive(
-        monkeypatch, tmp_path, fake2, "--cells", "stock,same", "--blocks", "2", "--missing-only"
+        monkeypatch,
+        tmp_path,
+        fake2,
+        "--cells",
+        "stock,same",
+        "--blocks",
+        "2",
+        "--missing-only",
+        "--no-reference-repeat",
     )
     assert sorted(c[:2] for c in fake2.calls) == [("same", 1), ("stock", 1)]
     assert doc["cells"]["same"]["status"] == "ok" and "replaced" in doc["blocks"][1]
+
+
+def test_the_reference_runs_twice_and_nothing_is_exact_against_one_that_moves(
+    monkeypatch, tmp_path
+):
+    clock, runs = [0.0], {}
+
+    def out(cell: str, block: int) -> str:  # block 1's reference answers otherwise again
+        runs[(cell, block)] = runs.get((cell, block), 0) + 1
+        return "moved" if (cell, block, runs[(cell, block)]) == ("stock", 1, 2) else f"o{block}"
+
+    fake = FakeWorkers({"stock": 300.0, "same": 60.0}, clock, out=out)
+    rc, doc = _drive(monkeypatch, tmp_path, fake, "--cells", "stock,same", "--blocks", "2")
+    assert [c[:2] for c in fake.calls] == [
+        ("stock", 0), ("stock", 0), ("same", 0), ("same", 1), ("stock", 1), ("stock", 1)
+    ]  # fmt: skip
+    check = doc["reference_check"]
+    assert doc["reference_reproducible"] is False and check["blocks_checked"] == 2
+    assert [b["reproducible"] for b in check["per_block"]] == [True, False]
+    assert check["per_block"][1]["divergence"] == {"what": "out", "step": 0}
+    same = doc["cells"]["same"]
+    assert same["exact_blocks"] == "1/1" and "did not reproduce itself" in same["exact_note"]
+    assert same["exact"] is False and not same["counts_as_result"]
+    assert "reproducible: **NO**" in report.markdown(WL, doc)
+    # unchecked without the second run
+    rc, doc = _drive(monkeypatch, tmp_path, FakeWorkers({"stock": 3.0}, clock), "--cells",
+                     "stock", "--no-reference-repeat")  # fmt: skip
+    assert doc["reference_reproducible"] is None and "**unchecked**" in report.markdown(WL, doc)
 
 
 def test_failed_cell_not_relaunched_and_cuda_cells_not_run_on_cpu(monkeypatch, tmp_path):
