@@ -17,10 +17,10 @@ import os
 from typing import Any
 
 from bench.harness import Cell, Stream, WorkerContext, Workload, main
+from bench.workloads import moshi as moshi_workload
 from bench.workloads import unavailable_reason
 
 VENDOR_GRAPH_ENV = "NO_CUDA_GRAPH"
-MOSHI_DETERMINISM = {"cuda.cudnn_sdp": False}
 COMPILE_ENV = "NO_TORCH_COMPILE"
 
 CELLS = (
@@ -178,7 +178,7 @@ WORKLOAD = Workload(
     # stock Moshi reproduces itself only with cuDNN's attention off (its fused kernel is
     # not run-to-run deterministic on the H200: `clockc reproduce`); pinned in every
     # cell, the reference too, as contracts/moshi.clock pins it for the adapter
-    determinism=MOSHI_DETERMINISM,
+    determinism=moshi_workload.DETERMINISM,
     flags={"--tiny": dict(action="store_true", help="the tiny LM instead of FULL_7B")},
     measure_flags=("tiny",),
     doc_keys=("moshi", "model"),

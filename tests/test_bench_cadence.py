@@ -182,11 +182,52 @@ def test_budget_skips_what_does_not_fit(monkeypatch, tmp_path):
 
     run.run = timed_run
     run.sweep()
-    assert launched == [("stock_procs", 1, True), ("stock_inproc", 1, False)]
+    # the reference, its second solo run (is it reproducible?), then what fits
+    assert launched == [
+        ("stock_procs", 1, True),
+        ("stock_procs", 1, True),
+        ("stock_inproc", 1, False),
+    ]
     assert [(s["arm"], s["n"]) for s in run.skipped] == [("stock_inproc", 24), ("stock_inproc", 4)]
     doc = run.write(complete=True)
+    assert doc["reference_reproducible"] is True
+    assert doc["reference_check"]["sessions"] == {"0": {"status": "ok", "reproducible": True}}
     assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
     assert doc["arms"]["stock_inproc"]["p95_ms_at_16"] == 10.0 and doc["gpu"] is None
+
+
+def test_sessions_are_no_result_against_references_that_move(monkeypatch, tmp_path):
+    """A second solo run of a session that answers other bytes: the references move,
+    so no arm's sessions count as exact."""
+    runs = []
+
+    def fake_launch(wl, args, arm, groups, unpaced):
+        runs.append(arm)
+        again = arm == "stock_procs" and runs.count("stock_procs") == 2
+        n = sum(map(len, groups))
+        return [
+            {
+                "status": "ok",
+                "setup_s": 1.0,
+                "chunks": {"k": [0] * n, "latency_ms": [10.0] * n},
+                "peak_mib": None,
+                "hashes": {str(i): {"pcm_sha256": "moved" if again else "h"} for g in groups
+                           for i in g},  # fmt: skip
+            }
+        ]
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    args = cli.parse_args(
+        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", "2",
+         "--duration", "1", "--references", "2", "--out", str(tmp_path / "s")]
+    )  # fmt: skip
+    args.arm_n = {"stock_inproc": [2]}
+    run = sweep.Sweep(fake_sessions.SESSIONS, args, None, sweep.GpuSampler(99))
+    run.sweep()
+    doc = run.write(complete=True)
+    assert doc["reference_reproducible"] is False
+    assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is None
+    assert "did not reproduce" in doc["arms"]["stock_inproc"]["exact_note"]
 
 
 def test_a_small_sweep_of_real_workers(tmp_path):

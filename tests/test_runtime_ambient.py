@@ -123,3 +123,16 @@ def test_bind_settings_are_restored_by_unbind():
     with pytest.raises(ValueError, match="unknown determinism setting"):
         apply_settings({"cudnn.fast": True})
     restore_settings({})  # nothing to restore is fine
+
+
+def test_an_attention_backend_can_be_pinned_and_comes_back():
+    """``determinism cuda.cudnn_sdp = false`` (contracts/moshi.clock): bind switches
+    cuDNN's attention off, unbind puts it back; a replay keys on it."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    key = ambient.ambient_state("cuda")
+    record = apply_settings({"cuda.cudnn_sdp": not before})
+    assert torch.backends.cuda.cudnn_sdp_enabled() is (not before)
+    assert record["in_force"] == {"cuda.cudnn_sdp": not before}
+    assert ambient.ambient_state("cuda") != key  # a graph captured under one would miss under the other
+    Binding("c", "cpu", determinism=record).unbind()
+    assert torch.backends.cuda.cudnn_sdp_enabled() is before

@@ -50,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sessions with a solo reference run: N (the first N) or A:B (sessions A..B-1)",
     )
     p.add_argument("--reference-batch", type=int, default=1, help="sessions per reference process")
+    p.add_argument(
+        "--reference-repeats",
+        type=int,
+        default=2,
+        help="the first K referenced sessions run solo a second time: is the reference "
+        "reproducible? (default 2; 0 skips the check)",
+    )
     p.add_argument("--time-budget", type=float, help="seconds for the whole sweep")
     p.add_argument("--setup-estimate", type=float, default=60.0, help="set-up s before one is seen")
     p.add_argument("--setup-timeout", type=float, default=300.0, help="s for workers to get ready")

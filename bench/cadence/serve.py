@@ -96,7 +96,7 @@ def serve(wl: Any, args: Any, specs: list[SessionSpec], result: dict) -> None:
     result.update(
         {k: env[k] for k in ("torch", "cuda")}, device_name=env["device"] if cuda else "cpu"
     )
-    with pin_determinism():
+    with pin_determinism(extra=wl.determinism):
         t = time.perf_counter()
         server = wl.server(arm, device)
         result["setup_s"] = time.perf_counter() - t
@@ -118,7 +118,7 @@ def serve(wl: Any, args: Any, specs: list[SessionSpec], result: dict) -> None:
             for th in threads:
                 th.join()
         window[1] = time.time()
-        result["determinism_ok"] = envelope_holds(determinism_settings(device))
+        result["determinism_ok"] = envelope_holds(determinism_settings(device), wl.determinism)
     errors = [c.error for c in clients if c.error]
     rows = [r for c in clients for r in c.rows]
     keys = ("session", "turn", "k", "arrival_s", "latency_ms")

@@ -69,6 +69,16 @@ def arm_summary(points: Mapping[int, dict], min_run_s: float) -> dict:
     }
 
 
+def _reproducible(check: dict | None) -> str:
+    sessions = (check or {}).get("sessions") or {}
+    if not sessions:
+        return "**unchecked**"
+    bad = [i for i, r in sessions.items() if not r.get("reproducible")]
+    if bad:
+        return f"**NO** (sessions {', '.join(bad)}): no session counts as exact"
+    return f"yes (sessions {', '.join(sessions)})"
+
+
 def markdown(doc: dict) -> str:
     s = doc["settings"]
     arms = pd.DataFrame.from_dict(doc["arms"], orient="index")
@@ -86,6 +96,8 @@ def markdown(doc: dict) -> str:
         f"{s['period_s']} s during a turn, deadline {s['deadline_ms']} ms; sessions arrive "
         f"over {s['ramp_s']} s; references: each of the first {s['references']} sessions "
         f"alone on {doc['reference_arm']} in a fresh process",
+        f"- references reproducible (a second solo run of the first sessions): "
+        f"{_reproducible(doc.get('reference_check'))}",
         "",
         arms.to_markdown() if len(arms) else "(no arm ran)",
         "",

@@ -133,6 +133,10 @@ class Sweep:
         # {workload: {session index: hashes}}: several workloads may share one document
         self.all_refs: dict[str, dict] = dict(prior.get("references") or {})
         self.refs = self.all_refs.setdefault(wl.name, {})
+        # {session: {"status", "reproducible"}}: the second solo runs (check_references)
+        self.reference_runs: dict[str, dict] = dict(
+            (prior.get("reference_check") or {}).get("sessions") or {}
+        )
         self.skipped: list[dict] = []
 
     def left(self) -> float:
@@ -162,6 +166,20 @@ class Sweep:
         for g, res in zip(groups, launch(self.wl, self.args, arm, groups, True)):
             self.adopt_references(res)
             self.runs.append({**res, "arm": arm, "n": len(g), "reference": True, "workload": name})
+        self.check_references(todo[: self.args.reference_repeats])
+
+    def check_references(self, sessions: list[int]) -> None:
+        """Solo runs of ``sessions`` once more, each in a fresh process: a session is only
+        exact against a reference that reproduces itself."""
+        sessions = [i for i in sessions if str(i) in self.refs]
+        if not sessions or self.fits(self.wl.reference, 1, unpaced=True):
+            return
+        keys = [st.key for st in self.wl.streams]
+        again = launch(self.wl, self.args, self.wl.reference, [[i] for i in sessions], True)
+        for i, res in zip(sessions, again):
+            h = (res.get("hashes") or {}).get(str(i)) or (res.get("hashes") or {}).get(i)
+            same = h is not None and all(h.get(k) == self.refs[str(i)].get(k) for k in keys)
+            self.reference_runs[str(i)] = {"status": res.get("status"), "reproducible": same}
 
     def adopt_references(self, res: dict) -> None:
         """A session served alone in a fresh process on the reference arm — a reference
@@ -244,6 +262,12 @@ class Sweep:
                 points.setdefault(r["arm"], {})[str(r["n"])] = point
         first = next((w for r in self.runs for w in r.get("workers", [r])), {})
         arms = self.arms(points)
+        checked = [r["reproducible"] for r in self.reference_runs.values()]
+        reproducible = all(checked) if checked else None
+        if reproducible is False:  # nothing is exact against references that move
+            for arm in arms.values():
+                arm["all_sessions_exact"] = None
+                arm["exact_note"] = "no result: the solo references did not reproduce themselves"
         settings = {**vars(self.settings), "deadline_ms": a.deadline_ms, "n": a.arm_n}
         refs = [a.references.start, a.references.stop]
         settings.update(references=refs, time_budget_s=a.time_budget, device=a.device)
@@ -259,6 +283,8 @@ class Sweep:
             "gpu": self.gpu.name or first.get("device_name"),
             "host": socket.gethostname(),
             "reference_arm": self.wl.reference,
+            "reference_reproducible": reproducible,
+            "reference_check": {"reproducible": reproducible, "sessions": self.reference_runs},
             "settings": settings,
             "arms": arms,
             "per_n": points,

@@ -69,6 +69,9 @@ class SessionWorkload:
     streams: tuple[Stream, ...]
     server: Callable[[Arm, Any], Server]
     base_env: Mapping[str, str | None] = field(default_factory=dict)
+    # settings pinned in every worker beside the envelope, the solo references included
+    # (as ``bench.harness.Workload.determinism``)
+    determinism: Mapping[str, bool] = field(default_factory=dict)
 
     def arm(self, name: str) -> Arm:
         return {a.name: a for a in self.arms}[name]
