@@ -68,6 +68,7 @@ def bind_contract(
     progress: bool = True,
     backend: Any = None,
     params: dict | None = None,
+    ambient: Any = None,
 ) -> Binding:
     """Install ``decl`` on ``model`` and return the Binding (see module docstring).
 
@@ -76,8 +77,13 @@ def bind_contract(
     (backend.py) on any device, so the real admission and signature policy runs, and
     is reported, on a CPU before a GPU is at hand: it captures at bind (unless
     ``capture=False``) and each "replay" calls the callable on the captured inputs;
-    or a ``GraphBackend`` object (tests)."""
+    or a ``GraphBackend`` object (tests). ``ambient``: the autocast states (labels:
+    "off", "float32", "float16", ...) this deployment calls its callables under; a
+    callable that declares several captures only these (a float32 deployment never
+    meets float16: half the catalog, half the capture time), its calls under another
+    state run eager (``ambient_state``). None: every declared state."""
     backend, simulated = _backend(backend)
+    served_ambient = _served_ambient(decl, ambient)
     # a carry's site holds the primed stock state; binding before priming
     # (capture=False) may precede it, so capture() checks those sites instead
     require_sites(model, decl.sites_to_check(carries=capture))
@@ -96,6 +102,7 @@ def bind_contract(
         audit=audit,
         backend=backend,
     )
+    binding.served_ambient = served_ambient
     try:
         # weights folded first: every lane, read and capture below sees the folded module
         binding.folds = apply_folds(fold_plan)
@@ -124,6 +131,23 @@ def bind_contract(
         binding.unbind()
         raise
     return binding
+
+
+def _served_ambient(decl: ContractDecl, ambient: Any) -> frozenset[str] | None:
+    """The autocast labels a deployment serves (None: all), checked against the
+    contract: a label no callable declares is a mistake, not an empty set."""
+    if ambient is None:
+        return None
+    if isinstance(ambient, str) or not all(isinstance(a, str) for a in ambient):
+        raise TypeError(f"ambient must be a collection of autocast labels, got {ambient!r}")
+    declared = sorted({a.label for k in decl.callables for a in k.ambient})
+    unknown = sorted(set(ambient) - set(declared))
+    if unknown or not ambient:
+        raise ValueError(
+            f"ambient {sorted(ambient)}: the contract declares the autocast states "
+            f"{declared} (unknown: {unknown or 'none given'})"
+        )
+    return frozenset(ambient)
 
 
 BACKENDS = ("cuda", "simulate")

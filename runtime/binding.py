@@ -55,6 +55,8 @@ class Binding:
         # session parameters (params.py): a plain binding's value, the declared capture set
         self.params_key: tuple = ()
         self.capture_keys: list[tuple] = []
+        # autocast labels this deployment calls its callables under (None: every declared)
+        self.served_ambient: frozenset[str] | None = None
         self.stock_callables: dict[str, Any] = {}
         self.eager: dict[str, str] = {}  # callable -> why it stays eager
         self.declared: dict[str, str] = {}  # region -> why nothing was allocated
@@ -76,6 +78,14 @@ class Binding:
     @property
     def replays(self) -> dict[str, Any]:
         return self.lanes[0].engines if self.lanes else {}
+
+    def ambient_of(self, k: Any) -> tuple:
+        """Callable ``k``'s autocast states to capture: its declared ones this deployment
+        serves (all of them when it names none, or none of this callable's)."""
+        if self.served_ambient is None:
+            return tuple(k.ambient)
+        served = tuple(a for a in k.ambient if a.label in self.served_ambient)
+        return served or tuple(k.ambient)
 
     @property
     def pooled(self) -> bool:

@@ -225,7 +225,7 @@ class Lane:
                 )
                 for c in k.counters
             ],
-            ambient=k.ambient,
+            ambient=b.ambient_of(k),
             # lane 0 classifies effects and warms kernels, allocator and libraries; a later
             # lane (or a new parameter value) warms each class once and then only captures
             warmup=2 if like is None else 1,

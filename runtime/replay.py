@@ -147,6 +147,13 @@ class ExactShapeReplay:
         # this engine warms its own stream once and then captures without eager calls
         self.like = like
         self.host_constants = like.host_constants if like is not None else HostConstants(device)
+        # the first class warms what needs warming once (allocator, library handles,
+        # lazy module state: ``warmup`` eager calls); every later class runs only its
+        # probe, which also warms what is particular to its shapes
+        self._warmed = False
+        # why a call misses while nothing is captured (a pool sets it for an engine of
+        # a value that is being captured elsewhere; default: not captured yet)
+        self.uncaptured_reason: str | None = None
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
         self.effect: Effect | None = None
         self.rejected: str | None = None
@@ -202,9 +209,17 @@ class ExactShapeReplay:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators
         n = len(self.ambient)
-        with capture_progress(progress, f"capturing {self.name}", len(self._entries)) as advance:
-            for i in range(len(self.classes)):
-                self._capture_class(self._entries[i * n : (i + 1) * n], gen, snap, advance)
+        try:
+            with capture_progress(
+                progress, f"capturing {self.name}", len(self._entries)
+            ) as advance:
+                for i in range(len(self.classes)):
+                    self._capture_class(self._entries[i * n : (i + 1) * n], gen, snap, advance)
+        finally:
+            # region and write-through contents come back once, after the last class
+            # (capture reads addresses, not values); RNG, counters and host state are
+            # put back after every eager call, so every class starts from the same
+            self._restore(snap)
         # a signature is admitted while one of its classes is captured; the key is the
         # signature itself, which names its group of entries
         keys = {
@@ -275,7 +290,7 @@ class ExactShapeReplay:
             )
             return
         finally:
-            self._restore(snap)
+            self._restore(snap, buffers=False)
         if not captured:
             return
         kept = [r.storage_ptr() for r in self.regions.values()]
@@ -296,7 +311,7 @@ class ExactShapeReplay:
         host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
         b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
         effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
-        self._restore(snap)
+        self._restore(snap, buffers=False)
         if effect is Effect.HOST_RNG:
             self._reject(R.HOST_RNG, f"class {e.name} draws host randomness")
             e.status = "rejected"
@@ -310,10 +325,11 @@ class ExactShapeReplay:
             e.status = "rejected"
             return False
         self.effect = effect
-        if self.warmup > 1:
+        if self.warmup > 1 and not self._warmed:
             self._counters_at_start()
             b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
-            self._restore(snap)
+            self._restore(snap, buffers=False)
+        self._warmed = True
         self._counters_at_start()
         return self._capture_graph(e, t0)
 
@@ -345,8 +361,11 @@ class ExactShapeReplay:
             "counters": [c.value() for c in self.counters],
         }
 
-    def _restore(self, snap: dict) -> None:
-        for live, saved in snap["buffers"].values():
+    def _restore(self, snap: dict, buffers: bool = True) -> None:
+        """Put back what ``_snapshot`` saved; ``buffers=False`` leaves region contents
+        (a copy of every region from the host: seconds per catalog for Token2Wav's
+        solver workspace) for the one restore at the end of ``capture_all``."""
+        for live, saved in snap["buffers"].values() if buffers else ():
             live.copy_(saved)
         for n, st in snap["python"].items():
             self.regions[n]._set_host_state(st)
@@ -377,6 +396,8 @@ class ExactShapeReplay:
             # without a backend that can capture here (a CPU binding) nothing ever will:
             # eager by design, not a capture that is still pending
             reason = R.NOT_CAPTURED if self.backend.available(self.device) else R.NO_CUDA
+            if reason == R.NOT_CAPTURED and self.uncaptured_reason is not None:
+                reason = self.uncaptured_reason
             return self._eager(reason, args, kwargs)
         if torch.is_grad_enabled():
             return self._eager(R.GRAD_ENABLED, args, kwargs)

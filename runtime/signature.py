@@ -50,6 +50,9 @@ DISABLED = "disabled"
 GRAD_ENABLED = "grad_enabled"
 COUNTER_BEFORE_START = "counter_before_start"
 AMBIENT_STATE = "ambient_state"  # a torch setting differs from every capture (ambient.py)
+# a session's parameter value has no graphs on the lane its step ran on yet: the step
+# runs eager (exact) while the pool captures the value in the background (sessions.py)
+VALUE_NOT_CAPTURED = "value_not_captured"
 
 
 class Key(enum.Enum):

@@ -136,3 +136,56 @@ def test_an_attention_backend_can_be_pinned_and_comes_back():
     assert ambient.ambient_state("cuda") != key  # a graph captured under one would miss under the other
     Binding("c", "cpu", determinism=record).unbind()
     assert torch.backends.cuda.cudnn_sdp_enabled() is before
+
+
+def _two_state_decl():
+    from duplexcadence.runtime import CallableDecl, ContractDecl
+
+    cls = CaptureClass(
+        "one", (TensorSpec((4, 8), torch.float32, "randn"), TensorSpec((8, 8), torch.float32))
+    )
+    return ContractDecl(
+        name="toy_ambient",
+        target=None,
+        source_sha256="",
+        determinism={},
+        regions={},
+        callables=(
+            CallableDecl(
+                "step",
+                site=(("attr", "step"),),
+                classes=(cls,),
+                ambient=(Autocast(None), Autocast(torch.bfloat16)),
+            ),
+        ),
+    )
+
+
+def test_a_deployment_captures_only_the_autocast_states_it_serves():
+    """``bind(ambient=("off",))``: a float32 deployment never meets the declared
+    bfloat16 state, so its classes are not captured (half the capture at bind); a call
+    under it all the same runs eager, counted."""
+    import types
+
+    from duplexcadence.runtime import bind_contract
+
+    model = types.SimpleNamespace(step=step)
+    b = bind_contract(model, _two_state_decl(), backend="simulate", progress=False, ambient=["off"])
+    s = b.stats()["callables"]["step"]
+    assert [c["name"] for c in s["classes"]] == ["one"] and s["ambient"] == ["off"]
+    x, w = inputs()
+    with torch.no_grad():
+        assert torch.equal(model.step(x, w), step(x, w))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(model.step(x, w), step(x, w))
+    s = b.stats()["callables"]["step"]
+    assert s["hits"] == 1 and s["misses"] == {"ambient_state": 1}
+    b.unbind()
+    every = bind_contract(model, _two_state_decl(), backend="simulate", progress=False)
+    assert len(every.stats()["callables"]["step"]["classes"]) == 2
+    every.unbind()
+    with pytest.raises(ValueError, match=r"declares the autocast states \['bfloat16', 'off'\]"):
+        bind_contract(model, _two_state_decl(), backend="simulate", ambient=["float16"])
+    with pytest.raises(TypeError, match="collection of autocast labels"):
+        bind_contract(model, _two_state_decl(), backend="simulate", ambient="off")
+    assert model.step is step  # a refused bind leaves the model as it was

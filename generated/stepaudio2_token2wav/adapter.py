@@ -8,7 +8,15 @@ from .contract import DECLARED
 
 
 def bind(
-    model, *, device=None, audit=False, capture=True, progress=True, backend=None, params=None
+    model,
+    *,
+    device=None,
+    audit=False,
+    capture=True,
+    progress=True,
+    backend=None,
+    params=None,
+    ambient=None,
 ):
     """Install the `stepaudio2_token2wav` contract on `model` and return the Binding.
 
@@ -19,7 +27,9 @@ def bind(
     runs eagerly. `binding.sessions(lanes=K)` serves many sessions on K replay lanes.
     `params`: the session-parameter values this binding serves, if the contract
     declares any (`{"name": value}`; defaults otherwise; a session pool binds them
-    per session with `pool.open(params=...)`).
+    per session with `pool.open(params=...)`). `ambient`: the autocast states this
+    deployment calls the callables under (`("float32",)`); a callable's other declared
+    states are not captured (default: every declared state).
     """
     return bind_contract(
         model,
@@ -30,4 +40,5 @@ def bind(
         progress=progress,
         backend=backend,
         params=params,
+        ambient=ambient,
     )
