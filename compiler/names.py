@@ -67,6 +67,7 @@ GENERATED_NAMES = frozenset(
         "progress",
         "backend",
         "params",
+        "ambient",
     }
 )
 # Prefixes and suffixes of names generated code once derived from contract names; no

@@ -43,6 +43,7 @@ from .params import (
     ValueGraphs,
     classes_at,
     depends,
+    label,
     merge_values,
     retention_at,
     shape_at,
@@ -104,6 +105,10 @@ class Lane:
         self._shared: dict[str, ExactShapeReplay] = {}
         self._per_value = {k.name for k in binding.decl.callables if depends(binding.decl, k)}
         self.captured = False  # capture() ran: a new value's graphs are captured on use
+        # at ``key`` with engines that capture nothing (a pool's step at a value the lane
+        # does not hold runs eager: lane_values.use_value)
+        self.uncaptured = False
+        self.pending: dict[ParamKey, dict[str, ExactShapeReplay]] = {}  # lane_values.py
         # each region's shape here: the largest over the values this lane serves (at bind,
         # the bound value and the capture set; lane_values.py grows it)
         served = [self.key, *binding.capture_keys]
@@ -324,16 +329,41 @@ class Lane:
             self, key, capture=self.captured if capture is None else capture, progress=progress
         )
 
+    def held_values(self) -> frozenset | None:
+        """The values whose graphs this lane holds, captured (None: every value, when no
+        callable's graphs depend on the parameters)."""
+        if not self._per_value:
+            return None
+        return frozenset(
+            key
+            for key, engines in self.values.values.items()
+            if engines and all(e.captured for e in engines.values())
+        )
+
+    def size_for_domain(self, progress: bool = False) -> None:
+        """Re-lay this lane's regions at the declared domain's largest shapes (a session
+        pool's lanes: no value ever grows one in a step); its held values are captured
+        again at the new addresses if they were captured."""
+        from .lane_values import grow_to
+
+        top = {n: r.spec.shape for n, r in self.binding.decl.regions.items() if n in self.shapes}
+        if any(self.shapes[n] != s for n, s in top.items()):
+            grow_to(self, top, capture=self.captured, progress=progress)
+
     def _set_retention(self, key: ParamKey) -> None:
         for name, r in self.binding.decl.regions.items():
             if r.retention_shift and name in self.regions:
                 self.regions[name].retention = retention_at(self.binding.decl, r, key)  # type: ignore[attr-defined]
 
     def engine_stats(self) -> dict[str, dict]:
-        """Callable -> stats, over every parameter value captured here (params.py)."""
+        """Callable -> stats, over every parameter value captured here (params.py) and
+        every value it ran eager while the pool captured it."""
         if not self.binding.decl.params:
             return {n: e.stats() for n, e in self.engines.items()}
         per_value = self.values.engine_stats()
+        for key, engines in self.pending.items():
+            for n, e in engines.items():
+                per_value.setdefault(n, []).append((label(key), e.stats()))
         return {
             n: (
                 merge_values(per_value[n])

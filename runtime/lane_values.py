@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .layouts import copy_block
-from .params import ParamKey, shape_at, widest
+from .params import ParamKey, label, shape_at, widest
 from .regions import Region
+from .signature import VALUE_NOT_CAPTURED
 from .sites import get_at, set_at, update_at
 
 if TYPE_CHECKING:
@@ -48,14 +49,25 @@ _CARRY_COUNTERS = ("retains", "adoptions", "restores", "audit_checks", "audit_di
 
 def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
     """``Lane.use`` (module docstring). The caller holds the lane (a session's own run,
-    or bind), so no other session's run sees this capture."""
+    or bind), so no other session's run sees this capture.
+
+    Without ``capture`` a value the lane does not hold gets engines that capture nothing
+    (its calls run eager, counted ``value_not_captured``) and are not kept: a session
+    pool's steps never capture (the pool captures between steps, lane_scheduler.py) and
+    never evict a value whose graphs the lane holds."""
     b = lane.binding
-    if key == lane.key or not b.decl.params:
+    if not b.decl.params:
         return
+    if key == lane.key and not (capture and lane.uncaptured):
+        return  # at it already (or, asked not to capture, at its uncaptured engines)
     if outgrown(lane, key):  # a larger value: new regions, every engine rebuilt
         grow(lane, key, capture=capture, progress=progress)
         return
     engines = lane.values.get(key)
+    if engines is None and not capture and lane.captured:
+        _use_uncaptured(lane, key)
+        return
+    _retire_pending(lane, key)  # captured here from now on: its eager engines' counts kept
     if engines is None:
         engines = {
             n: lane._engine(lane._callables[n], key) for n in lane._per_value if n in lane.engines
@@ -72,7 +84,35 @@ def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> 
         lane.values.put(key, engines)
     lane._set_retention(key)
     lane.engines = {**lane._shared, **engines}
-    lane.key = key
+    lane.key, lane.uncaptured = key, False
+
+
+# engines of values a lane runs eager, kept for their counters (and reused) until the
+# value is captured on the lane; past this many the oldest are folded into its stats
+PENDING_LIMIT = 64
+
+
+def _use_uncaptured(lane: "Lane", key: ParamKey) -> None:
+    """The lane at ``key`` with engines that capture nothing: the step runs eager."""
+    engines = lane.pending.pop(key, None)
+    if engines is None:
+        engines = {
+            n: lane._engine(lane._callables[n], key) for n in lane._per_value if n in lane.engines
+        }
+        for engine in engines.values():
+            engine.uncaptured_reason = VALUE_NOT_CAPTURED
+    lane.pending[key] = engines
+    while len(lane.pending) > PENDING_LIMIT:
+        _retire_pending(lane, next(iter(lane.pending)))
+    lane._set_retention(key)
+    lane.engines = {**lane._shared, **engines}
+    lane.key, lane.uncaptured = key, True
+
+
+def _retire_pending(lane: "Lane", key: ParamKey) -> None:
+    engines = lane.pending.pop(key, None)
+    if engines:
+        lane.values.retired.append((label(key), {n: e.stats() for n, e in engines.items()}))
 
 
 def outgrown(lane: "Lane", key: ParamKey) -> bool:
@@ -86,12 +126,27 @@ def outgrown(lane: "Lane", key: ParamKey) -> bool:
 
 
 def grow(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
+    decl = lane.binding.decl
+    shapes = {n: widest(s, shape_at(decl, decl.regions[n], key)) for n, s in lane.shapes.items()}
+    grow_to(lane, shapes, key, capture=capture, progress=progress)
+
+
+def grow_to(
+    lane: "Lane",
+    shapes: dict[str, tuple[int, ...]],
+    key: ParamKey | None = None,
+    *,
+    capture: bool,
+    progress: bool,
+) -> None:
+    """Re-lay ``lane`` at ``shapes`` (module docstring) and put it at ``key`` (default: its
+    value now); the values it held are captured again at the new addresses."""
     b = lane.binding
     t0 = time.perf_counter()
     decl = b.decl
-    lane.shapes = {
-        n: widest(s, shape_at(decl, decl.regions[n], key)) for n, s in lane.shapes.items()
-    }
+    key = lane.key if key is None else key
+    again = [k for k in lane.values.values if k != key] if capture else []
+    lane.shapes = {n: widest(s, shapes.get(n, s)) for n, s in lane.shapes.items()}
     _retire_engines(lane)
     lane.key = key
     old = lane.regions
@@ -109,6 +164,7 @@ def grow(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
         elif b.pool is not None:
             _grow_scratch(b, lane.shapes)
     lane.regions = new
+    lane.uncaptured = False
     lane._make_callables()
     lane._set_retention(key)
     engines = list(lane.engines.values())
@@ -117,6 +173,9 @@ def grow(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
             for engine in engines:
                 engine.pool = lane.pool
                 engine.capture_all(progress=progress)
+    for held in again:  # what the lane held before, at the new addresses
+        use_value(lane, held, capture=True, progress=progress)
+    use_value(lane, key, capture=capture, progress=progress)
     if b.pool is not None:
         b.pool._storage_of = b.pool._lane_storages()
     lane.values.regrows += 1

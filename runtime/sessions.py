@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import itertools
-import queue
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -57,6 +56,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .backend import capture_stream, drawing_from, generator_state
+from .lane_scheduler import LaneScheduler, NoLaneAvailable
 from .params import resolve
 from .regions import Region
 from .session_state import SessionError, SessionState, _TurnStart
@@ -70,10 +70,6 @@ class SessionRequired(RuntimeError):
 
 class SessionBusy(SessionError):
     pass
-
-
-class NoLaneAvailable(TimeoutError):
-    """No lane became free within the pool's timeout."""
 
 
 @dataclass(frozen=True)
@@ -119,13 +115,16 @@ class SessionPool:
         self._turn_starts: dict[Any, _TurnStart] = {}
         self.counters = {
             "runs": 0,
-            "lane_wait_s": 0.0,
             "copied_out_bytes": 0,
             "opened": 0,
             "layout_fallbacks": 0,  # session copies re-laid at a lane's shape (session_state)
         }
         self.closed_sessions = 0
         self._shut = False
+        if binding.decl.params:
+            # every lane at the declared domain's largest shapes: a session of any value
+            # runs on any lane, and no step ever grows one (the plan says what it costs)
+            binding.lanes[0].size_for_domain(progress=progress)
         if capture and self.device.type == "cuda":
             binding.lanes[0].capture(progress=progress)
         if lanes > 1:
@@ -136,9 +135,14 @@ class SessionPool:
         for lane in self.lanes:
             if lane.stream is None and self.device.type == "cuda" and torch.cuda.is_available():
                 lane.stream = capture_stream(self.device)  # lane 0 replays where it captured
-        self._free: queue.Queue = queue.Queue()
-        for lane in self.lanes:
-            self._free.put(lane)
+        lane0 = self.lanes[0]
+        background = lane0.captured and lane0._per_value and lane0.backend.available(self.device)
+        self.scheduler = LaneScheduler(
+            self.lanes,
+            timeout_s=self.timeout_s,
+            held=lambda lane: lane.held_values(),
+            capture=self._capture_value if background else None,
+        )
         self._storage_of = self._lane_storages()
 
     @staticmethod
@@ -170,6 +174,8 @@ class SessionPool:
                 a0 = _allocated(self.device)
                 t0 = time.perf_counter()
                 lane = Lane(b, i, owns_sites=False)
+                if b.decl.params:
+                    lane.size_for_domain()  # before its capture: nothing to capture twice
                 b.lanes.append(lane)
                 if capture and i == 1:
                     with watching_undeclared_writes(b.model, self._lane_storages()):
@@ -195,20 +201,17 @@ class SessionPool:
             out[r.storage_ptr()] = (None, name)
         return out
 
-    def _acquire(self) -> Any:
-        t0 = time.perf_counter()
-        try:
-            lane = self._free.get(timeout=self.timeout_s)
-        except queue.Empty:
-            raise NoLaneAvailable(
-                f"no lane of {len(self.lanes)} became free within {self.timeout_s:.1f} s"
-            ) from None
-        with self._lock:
-            self.counters["lane_wait_s"] += time.perf_counter() - t0
-        return lane
+    def _capture_value(self, lane: Any, key: tuple) -> None:
+        """The scheduler's background capture: ``lane`` (out of rotation) at ``key``,
+        its graphs captured (lane_scheduler.py)."""
+        cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        with torch.cuda.device(self.device) if cuda else nullcontext():
+            lane.use(key, capture=True)
 
-    def _release(self, lane: Any) -> None:
-        self._free.put(lane)
+    def wait_for_captures(self, timeout_s: float = 60.0) -> bool:
+        """Block until the background captures wanted so far are done (tests, benchmarks
+        that warm a pool before timing); True if they are."""
+        return self.scheduler.idle(timeout_s)
 
     # --------------------------------------------------------------- sessions
     def open(
@@ -258,6 +261,7 @@ class SessionPool:
                 s._pending_reset = True
         with self._lock:
             self.sessions[sid] = s
+        self.scheduler.opened(key)
         return s
 
     def has_turn_start(self, key: Any) -> bool:
@@ -274,13 +278,17 @@ class SessionPool:
 
     def _forget(self, s: "Session") -> None:
         with self._lock:
-            if self.sessions.pop(s.id, None) is not None:
+            forgotten = self.sessions.pop(s.id, None) is not None
+            if forgotten:
                 self.closed_sessions += 1
+        if forgotten:
+            self.scheduler.closed(s.params_key)
 
     def shut_down(self) -> None:
         self._shut = True
         for s in list(self.sessions.values()):
             s.close()
+        self.scheduler.stop()
 
     # -------------------------------------------------------------- telemetry
     def stats(self) -> dict:
@@ -291,6 +299,7 @@ class SessionPool:
                 "open": len(open_),
                 "closed": self.closed_sessions,
                 **self.counters,
+                **self.scheduler.stats(),
                 "session_bytes": sum(s.nbytes() for s in open_),
                 "lane_region_bytes": [lane.nbytes() for lane in self.lanes],
                 "turn_starts": len(self._turn_starts),
@@ -304,10 +313,19 @@ class SessionPool:
         s = self.stats()
         lines = [
             f"  sessions: {s['open']} open, {s['closed']} closed on {s['lanes']} lane(s); "
-            f"{s['runs']} runs, lane wait {s['lane_wait_s']:.3f} s, "
+            f"{s['runs']} runs, lane wait {s['lane_wait_s']:.3f} s "
+            f"(longest {1e3 * s['max_lane_wait_s']:.1f} ms), "
             f"{s['session_bytes'] / 2**20:.1f} MiB of session state, "
             f"{s['turn_starts']} turn start(s) kept ({s['turn_start_bytes'] / 2**20:.1f} MiB)"
         ]
+        if self.binding.decl.params:
+            lines.append(
+                f"  lanes by value: {s['affinity_hits']} steps on a lane holding their value, "
+                f"{s['affinity_misses']} not ({s['eager_steps']} of them run eager); "
+                f"{s['background_captures']} value(s) captured between steps in "
+                f"{s['background_capture_s']:.2f} s"
+                + (f", {s['capture_errors']} capture error(s)" if s["capture_errors"] else "")
+            )
         for c in s["lane_capture"]:
             alloc = "-" if c["allocated_mib"] is None else f"{c['allocated_mib']:.1f}"
             lines.append(
@@ -362,11 +380,11 @@ class Session(SessionState):
             if self.closed:  # closed by another thread since the check above
                 raise SessionError(f"{self.name} is closed")
             self._stepping = threading.get_ident()
-            lane = self.pool._acquire()
+            lane, _ = self.pool.scheduler.acquire(self.params_key)
             try:
                 return self._run_on(lane, fn, args, kwargs)
             finally:
-                self.pool._release(lane)
+                self.pool.scheduler.release(lane)
         finally:
             self._stepping = None
             self._busy.release()
@@ -380,9 +398,10 @@ class Session(SessionState):
 
     def _run_on(self, lane: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
         pool = self.pool
-        # this session's parameter values: the lane's graphs for them (captured now, on
-        # this lane, if it has none yet) and its carries' retention
-        lane.use(self.params_key)
+        # this session's parameter values: the lane's graphs for them, or, where it holds
+        # none, engines that run eager (the pool captures the value between steps) and
+        # its carries' retention; never a capture inside a step
+        lane.use(self.params_key, capture=False)
         token = _CURRENT.set(_Run(pool.binding, self, lane))
         exclusive = isinstance(fn, _Exclusive)
         try:

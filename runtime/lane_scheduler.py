@@ -1,0 +1,232 @@
+"""Which lane runs a step, and the captures that run between steps.
+
+Contract of this layer. A ``LaneScheduler`` holds a session pool's free lanes and the
+captures of parameter values (params.py) the pool still needs. Served with a different
+voice per user, a pool meets many values; what the scheduler guarantees:
+
+* ``acquire(key)`` returns a free lane for one step of a session at value ``key``: a
+  free lane that holds ``key``'s graphs if there is one (an *affinity hit*), else any
+  free lane, where the step runs eager (exact; its calls count ``value_not_captured``).
+  Steps are served in arrival order; ``NoLaneAvailable`` after the pool's timeout means
+  the pool is overloaded: no step ever captures, grows a lane or waits for a capture.
+* A step that found no free lane holding its value *wants* the value on one more
+  lane, if fewer lanes hold it than sessions of it are open (a voice of one session is
+  captured on one lane, a popular one on as many as its load keeps busy). The capture
+  thread takes a free lane that does not hold it out of rotation between steps —
+  steps first: it takes one only when no step waits, or after ``patience_s`` — captures
+  the value there (``capture(lane, key)``; the lane's least recently used value is
+  evicted past its hold) and puts the lane back.
+* Which values a lane holds changes only there (steps never capture, and pools size
+  their lanes for the whole declared domain, so they never grow), so the scheduler
+  keeps each lane's holdings itself and never reads a lane another thread is using.
+
+Counters (``stats()``): steps, affinity hits and misses, steps run eager for want of
+their value's graphs, background captures and their seconds, capture errors, the
+longest and the total lane wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from typing import Any, Callable, Hashable
+
+from .telemetry import LOGGER
+
+
+class NoLaneAvailable(TimeoutError):
+    """No lane became free within the pool's timeout."""
+
+
+class LaneScheduler:
+    def __init__(
+        self,
+        lanes: list[Any],
+        *,
+        timeout_s: float,
+        held: Callable[[Any], frozenset | None],
+        capture: Callable[[Any, Hashable], None] | None,
+        patience_s: float = 1.0,
+    ) -> None:
+        """``held(lane)``: the values whose graphs ``lane`` holds (None: every value, a
+        contract whose graphs do not depend on the parameters); ``capture(lane, key)``:
+        put ``lane`` at ``key`` with its graphs captured (None: never, e.g. no CUDA)."""
+        self.lanes = list(lanes)
+        self.timeout_s = timeout_s
+        self.patience_s = patience_s
+        self._held_of = held
+        self._capture = capture
+        self._cond = threading.Condition()
+        self._free: list[Any] = list(lanes)  # least recently released first
+        self._holding: dict[int, frozenset | None] = {id(lane): held(lane) for lane in lanes}
+        self._queue: deque[int] = deque()  # waiting steps' tickets, in arrival order
+        self._tickets = itertools.count()
+        self._open: Counter = Counter()  # open sessions per value
+        self._wanted: OrderedDict[Hashable, Any] = OrderedDict()  # value -> lane hint
+        self._capturing: set[Hashable] = set()
+        self._failed: set[Hashable] = set()  # a value whose capture raised runs eager
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.counters = {
+            "steps": 0,
+            "affinity_hits": 0,
+            "affinity_misses": 0,
+            "eager_steps": 0,  # steps on a lane without their value's graphs
+            "background_captures": 0,
+            "background_capture_s": 0.0,
+            "capture_errors": 0,
+            "lane_wait_s": 0.0,
+            "max_lane_wait_s": 0.0,
+        }
+
+    # ---------------------------------------------------------------- sessions
+    def opened(self, key: Hashable) -> None:
+        with self._cond:
+            self._open[key] += 1
+
+    def closed(self, key: Hashable) -> None:
+        with self._cond:
+            self._open[key] -= 1
+            if self._open[key] <= 0:
+                del self._open[key]
+
+    # ------------------------------------------------------------------- steps
+    def holds(self, lane: Any, key: Hashable) -> bool:
+        held = self._holding[id(lane)]
+        return held is None or key in held
+
+    def acquire(self, key: Hashable) -> tuple[Any, bool]:
+        """A free lane for a step at ``key``, and whether it holds ``key``'s graphs."""
+        t0 = time.perf_counter()
+        with self._cond:
+            ticket = next(self._tickets)
+            self._queue.append(ticket)
+            deadline = t0 + self.timeout_s
+            while not (self._queue[0] == ticket and self._free):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    self._queue.remove(ticket)
+                    self._cond.notify_all()
+                    raise NoLaneAvailable(
+                        f"no lane of {len(self.lanes)} became free within {self.timeout_s:.1f} s"
+                    )
+                self._cond.wait(left)
+            self._queue.popleft()
+            holding = [lane for lane in self._free if self.holds(lane, key)]
+            lane = (holding or self._free)[0]
+            self._free.remove(lane)
+            hit = bool(holding)
+            c = self.counters
+            waited = time.perf_counter() - t0
+            c["steps"] += 1
+            c["lane_wait_s"] += waited
+            c["max_lane_wait_s"] = max(c["max_lane_wait_s"], waited)
+            c["affinity_hits" if hit else "affinity_misses"] += 1
+            if not hit:
+                c["eager_steps"] += 1
+                self._want(key, lane)
+            self._cond.notify_all()
+            return lane, hit
+
+    def release(self, lane: Any) -> None:
+        with self._cond:
+            self._free.append(lane)
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- captures
+    def _want(self, key: Hashable, hint: Any) -> None:
+        """Queue ``key`` for one more lane (the caller holds the lock)."""
+        if self._capture is None or key in self._wanted or key in self._capturing:
+            return
+        if key in self._failed:
+            return
+        if self._lanes_holding(key) >= self._open.get(key, 1):
+            return
+        self._wanted[key] = hint
+        self._start()
+        self._cond.notify_all()
+
+    def _lanes_holding(self, key: Hashable) -> int:
+        return sum(1 for lane in self.lanes if self.holds(lane, key))
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._capture_loop, name="duplexcadence-capture", daemon=True
+            )
+            self._thread.start()
+
+    def _capture_loop(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next_job()
+                if job is None:
+                    return
+                lane, key = job
+            t0 = time.perf_counter()
+            try:
+                self._capture(lane, key)  # type: ignore[misc]
+            except Exception as exc:  # fail closed: the value's steps keep running eager
+                self.counters["capture_errors"] += 1
+                with self._cond:
+                    self._failed.add(key)
+                LOGGER.warning("background capture of %s on lane %s failed: %s", key, lane, exc)
+            finally:
+                held = self._held_of(lane)
+                with self._cond:
+                    self._holding[id(lane)] = held
+                    self._capturing.discard(key)
+                    self._free.append(lane)
+                    self.counters["background_captures"] += 1
+                    self.counters["background_capture_s"] += time.perf_counter() - t0
+                    self._cond.notify_all()
+
+    def _next_job(self) -> tuple[Any, Hashable] | None:
+        """The next (lane, value) to capture, the lane taken out of rotation; None once
+        stopped. Waits (lock held, released while waiting)."""
+        since: dict[Hashable, float] = {}
+        while not self._stopped:
+            for key, hint in list(self._wanted.items()):
+                if self._lanes_holding(key) >= self._open.get(key, 0):
+                    del self._wanted[key]  # its sessions closed, or enough lanes hold it
+                    continue
+                free = [lane for lane in self._free if not self.holds(lane, key)]
+                waited = time.perf_counter() - since.setdefault(key, time.perf_counter())
+                if free and (not self._queue or waited >= self.patience_s):
+                    lane = hint if hint in free else free[0]
+                    self._free.remove(lane)
+                    del self._wanted[key]
+                    self._capturing.add(key)
+                    return lane, key
+            self._cond.wait(0.05 if self._wanted else None)
+        return None
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=600)
+
+    def idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until no capture is wanted or running (tests, benchmarks); True if so."""
+        deadline = time.perf_counter() + timeout_s
+        with self._cond:
+            while self._wanted or self._capturing:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    # --------------------------------------------------------------- telemetry
+    def stats(self) -> dict:
+        with self._cond:
+            return {
+                **self.counters,
+                "captures_wanted": len(self._wanted),
+                "capturing": len(self._capturing),
+                "values_open": len(self._open),
+            }
