@@ -54,6 +54,7 @@ from bench.sessions_token2wav import (
     chunk_tokens,
     open_pooled,
     session_tokens,
+    Voice,
     voice_of,
 )
 from bench.workloads import token2wav as W
@@ -71,7 +72,8 @@ def _build(device: Any, bind: Any) -> Any:
 
 
 def _open(t2w: Any, pool: Any, params: dict) -> Any:
-    return open_pooled(pool, t2w, int(params["voice"]), int(params["seed"]))
+    voice = Voice(int(params["voice"]), int(params.get("frames", W.PROMPT_FRAMES)))
+    return open_pooled(pool, t2w, voice, int(params["seed"]))
 
 
 def _step(session: Any, payload: dict) -> Any:
@@ -81,7 +83,8 @@ def _step(session: Any, payload: dict) -> Any:
 
 def token2wav() -> ServedModel:
     """Token2Wav 1.0.6 (seeded random weights) as a served model: params ``{"voice",
-    "seed"}``, payload ``{"tokens": 28 ids, "last_chunk": bool}``, output float32 PCM."""
+    "seed"}`` and optionally ``"frames"`` (the voice prompt's length, 50..600), payload ``{"tokens": 28 ids, "last_chunk": bool}``, output float32 PCM.
+    """
     return ServedModel(build=_build, open=_open, step=_step)
 
 
@@ -161,7 +164,8 @@ class RayServer:
                 if self._killer is None:
                     self._killer = threading.Thread(target=self._kill_later, daemon=True)
                     self._killer.start()
-        sid = self.client.open({"voice": voice_of(spec), "seed": spec.seed})
+        voice = voice_of(spec)
+        sid = self.client.open({"voice": voice.seed, "frames": voice.frames, "seed": spec.seed})
         return {"sid": sid, "tokens": session_tokens(spec)}
 
     def submit(self, s: dict, chunk: Chunk) -> dict:

@@ -28,7 +28,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import random
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,10 +45,36 @@ from bench.workloads import token2wav as W
 MODEL_SEED = 0
 VOICES = 4  # distinct voice prompts among the sessions (a voice primes once per process)
 CONTRACT = "stepaudio2_token2wav"
+# the trace's ``--voices five``: five voices of five prompt lengths (mel frames), the
+# lengths a mixed-voice run first broke the pool with (bench/results/voices_h200)
+FIVE_VOICES = (150, 222, 302, 388, 544)
+# the contract's session parameter ``f_prompt in 50..600`` (frames; even: 2 per token)
+PROMPT_DOMAIN = (50, 600)
 
 
-def voice_of(spec: SessionSpec) -> int:
-    return spec.seed % VOICES
+@dataclass(frozen=True)
+class Voice:
+    """A session's voice prompt: its seeded contents and its length in mel frames."""
+
+    seed: int
+    frames: int
+
+    @property
+    def params(self) -> dict:
+        return {"f_prompt": self.frames}
+
+
+def voice_of(spec: SessionSpec) -> Voice:
+    """The trace's voice policy (``SessionSpec.voices``): the default's 4 voices of the
+    vendor's 302-frame prompt; ``clone``: every session its own prompt, of a length drawn
+    uniformly from the contract's domain (even frames); ``five``: ``FIVE_VOICES``."""
+    if spec.voices == "clone":
+        lo, hi = PROMPT_DOMAIN
+        return Voice(spec.seed, 2 * random.Random(f"voice:{spec.seed}").randint(lo // 2, hi // 2))
+    if spec.voices == "five":
+        i = spec.seed % len(FIVE_VOICES)
+        return Voice(i, FIVE_VOICES[i])
+    return Voice(spec.seed % VOICES, W.PROMPT_FRAMES)
 
 
 def session_tokens(spec: SessionSpec) -> list[int]:
@@ -62,11 +90,11 @@ def chunk_tokens(tokens: list[int], chunk: Chunk) -> list[int]:
     return tokens[start : start + W.CHUNK_TOKENS + W.PRE_LOOKAHEAD]
 
 
-def session_view(t2w: Any, voice: int) -> Any:
+def session_view(t2w: Any, voice: Voice) -> Any:
     """The vendor object as one session sees it: the modules (weights) shared, its own
     prompt; ``stream_cache`` is set by ``prime``."""
     obj = copy.copy(t2w)
-    obj.cache = W.make_prompt(voice, W.PROMPT_FRAMES, t2w.bench.device)
+    obj.cache = W.make_prompt(voice.seed, voice.frames, t2w.bench.device)
     obj.stream_cache = None
     obj.hift_cache_dict = {}
     obj.bench = dataclasses.replace(t2w.bench)
@@ -143,11 +171,14 @@ class AdapterServer:
             seed=MODEL_SEED,
             device=self.device,
             before_priming=lambda t: held.append(
-                adapter.bind(t, device=self.device, capture=False, progress=False)
+                # a float32 deployment: the contract's float16 variants never meet a call
+                adapter.bind(
+                    t, device=self.device, capture=False, progress=False, ambient=("float32",)
+                )
             ),
         )
         self.binding = held[0]
-        self.binding.capture(progress=False)
+        # the pool lays its lanes out for the prompt domain and captures them there
         self.pool = self.binding.sessions(
             lanes=int(arm.options.get("lanes", 1)),
             state_on=arm.options.get("state_on"),
@@ -179,13 +210,16 @@ class AdapterServer:
 _VOICE_LOCK = threading.Lock()  # one priming per voice, whoever comes first
 
 
-def open_pooled(pool: Any, t2w: Any, voice: int, seed: int) -> Any:
+def open_pooled(pool: Any, t2w: Any, voice: Voice, seed: int) -> Any:
     """A session of ``voice`` on ``pool`` (the pool's Session; its ``obj`` is the
-    session's view of ``t2w``): the first session of a voice primes it and keeps the
-    primed state as the voice's turn start; later ones start from that state."""
+    session's view of ``t2w``), at its prompt length (the contract's ``f_prompt``): the
+    first session of a voice primes it and keeps the primed state as the voice's turn
+    start; later ones start from that state."""
     obj = session_view(t2w, voice)
-    key = ("voice", voice)
-    session = pool.open(obj, seed=seed, state=("hift_cache_dict",), turn_key=key)
+    key = ("voice", voice.seed, voice.frames)
+    session = pool.open(
+        obj, seed=seed, state=("hift_cache_dict",), turn_key=key, params=voice.params
+    )
     with _VOICE_LOCK:
         if not pool.has_turn_start(key):
             with torch.inference_mode():

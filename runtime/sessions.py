@@ -126,7 +126,16 @@ class SessionPool:
             # runs on any lane, and no step ever grows one (the plan says what it costs)
             binding.lanes[0].size_for_domain(progress=progress)
         if capture and self.device.type == "cuda":
+            t0 = time.perf_counter()
             binding.lanes[0].capture(progress=progress)
+            self.lane_capture.append(
+                {
+                    "lane": 0,
+                    "seconds": time.perf_counter() - t0,
+                    "regions_mib": binding.lanes[0].nbytes() / 2**20,
+                    "allocated_mib": None,
+                }
+            )
         if lanes > 1:
             self._add_lanes(lanes, capture=capture, progress=progress)
         binding.pool = self

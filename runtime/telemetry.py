@@ -100,7 +100,7 @@ def _table(title: str, columns: str, left: str):
 def _replay_table(replays: list[dict]):
     t = _table(
         "exact-shape replay",
-        "callable|effect|classes|hits|misses|invalid.|capture s|capture alloc MiB",
+        "callable|effect|classes|hits|misses|invalid.|warm-up s|capture s|capture alloc MiB",
         left="callable|effect|misses",
     )
     for s in replays:
@@ -113,6 +113,7 @@ def _replay_table(replays: list[dict]):
             str(s["hits"]),
             misses,
             str(s["invalidations"]),
+            f"{s['warmup_s']:.3f}",
             f"{s['capture_s']:.3f}",
             # allocated, not reserved: the caching allocator may release other blocks
             # while capturing, which makes a reserved delta negative
@@ -124,7 +125,7 @@ def _replay_table(replays: list[dict]):
 def _class_table(replay: dict):
     t = _table(
         f"{replay['name']}: classes",
-        "class|status|hits|capture s|alloc MiB|reserved MiB",
+        "class|status|hits|warm-up s|capture s|alloc MiB|reserved MiB",
         left="class|status",
     )
     for c in replay["classes"]:
@@ -132,6 +133,7 @@ def _class_table(replay: dict):
             c["name"],
             c["status"],
             str(c["hits"]),
+            f"{c['warmup_s']:.3f}",
             f"{c['capture_s']:.3f}",
             _mib(c["allocated_bytes"]),
             _mib(c["reserved_bytes"]),

@@ -118,12 +118,14 @@ def test_metrics_and_arm_summary():
         24: {"status": "ok", "misses": 3, "p95_ms": 1500.0, "peak_gib": 7.0},
         32: {"status": "failed"},
     }
+    points[24]["max_lane_wait_ms"] = 350.0  # the largest N that ran
     for p in points.values():
         p["run_s"] = 61.0
     a = summary.arm_summary(points, 60.0)
     assert a == {
         "max_sessions_at_cadence": 16,
         "p95_ms_at_16": 120.0,
+        "max_lane_wait_ms_at_max_n": 350.0,
         "peak_gib_at_max": 5.0,
         "all_sessions_exact": False,
         "sessions_hashed": 4,
@@ -194,6 +196,22 @@ def test_budget_skips_what_does_not_fit(monkeypatch, tmp_path):
     assert doc["reference_check"]["sessions"] == {"0": {"status": "ok", "reproducible": True}}
     assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
     assert doc["arms"]["stock_inproc"]["p95_ms_at_16"] == 10.0 and doc["gpu"] is None
+
+
+def test_pool_counters_come_from_the_servers_stats():
+    server = {
+        "sessions": {
+            "max_lane_wait_s": 0.25,
+            "lane_capture": [{"lane": 0, "seconds": 2.5}, {"lane": 1, "seconds": 1.0}],
+            "affinity_hits": 90, "affinity_misses": 10, "eager_steps": 10,
+            "background_captures": 4, "background_capture_s": 6.0, "capture_errors": 0,
+        },
+        "params": {"evictions": 2, "regrows": 8},
+    }  # fmt: skip
+    c = summary.pool_counters([{"server": server}, {"server": {}}])
+    assert c["max_lane_wait_ms"] == 250.0 and c["capture_s_at_bind"] == 2.5
+    assert (c["affinity_hits"], c["eager_steps"], c["evictions"]) == (90, 10, 2)
+    assert summary.pool_counters([{"server": {}}]) == {}  # a stock arm: nothing to say
 
 
 def test_sessions_are_no_result_against_references_that_move(monkeypatch, tmp_path):

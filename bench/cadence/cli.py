@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .trace import TraceSettings, session
+from .trace import VOICE_POLICIES, TraceSettings, session
 
 
 def load(spec: str) -> Any:
@@ -18,7 +18,9 @@ def load(spec: str) -> Any:
     return getattr(importlib.import_module(module), attr or "SESSIONS")
 
 
-TRACE_FLAGS = ("trace_seed", "duration", "period", "ramp", "turn_chunks", "silence", "p_reset")
+TRACE_FLAGS = (
+    "trace_seed", "duration", "period", "ramp", "turn_chunks", "silence", "p_reset", "voices"
+)  # fmt: skip
 
 
 def trace_settings(args: argparse.Namespace) -> TraceSettings:
@@ -43,6 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--silence", type=_floats, default=[1.0, 4.0], help="min,max s between turns")
     p.add_argument("--p-reset", type=float, default=0.5, help="chance a new turn resets")
     p.add_argument("--trace-seed", type=int, default=0)
+    p.add_argument(
+        "--voices",
+        choices=VOICE_POLICIES,
+        default="default",
+        help="how sessions' voices vary: the workload's few (default), every session its "
+        "own (clone), or five fixed voices of five sizes (five)",
+    )
     p.add_argument(
         "--references",
         type=_session_range,

@@ -51,6 +51,31 @@ def run_metrics(results: Sequence[dict], deadline_ms: float, busy: float | None)
     }
 
 
+# what a session pool counts per run (runtime/sessions.py, lane_scheduler.py)
+POOL_COUNTERS = (
+    "affinity_hits", "affinity_misses", "eager_steps", "background_captures",
+    "background_capture_s", "capture_errors",
+)  # fmt: skip
+
+
+def pool_counters(results: Sequence[dict]) -> dict:
+    """A run's session-pool counters from its workers' server stats (adapter arms): the
+    longest lane wait, lane 0's capture at bind, the scheduler's counts, evictions."""
+    pools = [((r.get("server") or {}).get("sessions") or {}) for r in results]
+    pools = [p for p in pools if p]
+    if not pools:
+        return {}
+    params = [((r.get("server") or {}).get("params") or {}) for r in results]
+    bind = [c["seconds"] for p in pools for c in p.get("lane_capture", []) if c["lane"] == 0]
+    return {
+        "max_lane_wait_ms": _f(1e3 * max(p.get("max_lane_wait_s", 0.0) for p in pools)),
+        "capture_s_at_bind": _f(max(bind)) if bind else None,
+        **{k: sum(p.get(k, 0) for p in pools) for k in POOL_COUNTERS},
+        "evictions": sum(p.get("evictions", 0) for p in params),
+        "regrows": sum(p.get("regrows", 0) for p in params),
+    }
+
+
 def arm_summary(points: Mapping[int, dict], min_run_s: float) -> dict:
     """What tools read per arm: the largest N with zero misses over a run (its streaming
     window, ``run_s``) of at least ``min_run_s``, p95 at N = 16, the peak at that largest
@@ -60,9 +85,11 @@ def arm_summary(points: Mapping[int, dict], min_run_s: float) -> dict:
     best = max(clean, default=None)
     hashed = sum(p.get("sessions_hashed", 0) for p in ok.values())
     exact = sum(p.get("sessions_exact", 0) for p in ok.values())
+    top = ok.get(max(ok)) if ok else {}
     return {
         "max_sessions_at_cadence": best,
         "p95_ms_at_16": ok.get(16, {}).get("p95_ms"),
+        "max_lane_wait_ms_at_max_n": top.get("max_lane_wait_ms"),
         "peak_gib_at_max": ok[best]["peak_gib"] if best is not None else None,
         "all_sessions_exact": (exact == hashed) if hashed else None,
         "sessions_hashed": hashed,

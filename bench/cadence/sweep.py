@@ -215,6 +215,7 @@ class Sweep:
                 results, self.args.deadline_ms, window and self.gpu.share(window)
             ),
             **summary.exactness(results, self.refs, keys),
+            **summary.pool_counters(results),
             "setup_s": max((r.get("setup_s") or 0.0) for r in results),
             "workers": results,
         }
@@ -284,6 +285,12 @@ class Sweep:
             "host": socket.gethostname(),
             "reference_arm": self.wl.reference,
             "reference_reproducible": reproducible,
+            # the pooled arms' lane 0 catalog capture (seconds), and the longest lane wait
+            # of the largest run (what tools read; per arm and N in per_n)
+            "capture_s_at_bind": _first(
+                p.get("capture_s_at_bind") for ps in points.values() for p in ps.values()
+            ),
+            "max_lane_wait_ms": _first(a.get("max_lane_wait_ms_at_max_n") for a in arms.values()),
             "reference_check": {"reproducible": reproducible, "sessions": self.reference_runs},
             "settings": settings,
             "arms": arms,
@@ -301,6 +308,10 @@ class Sweep:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json(out.with_suffix(".json"), doc)
         return doc
+
+
+def _first(values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 def run(wl: Any, args: argparse.Namespace) -> int:

@@ -8,7 +8,10 @@ one chunk per ``period_s`` (one second of audio per chunk for a real-time client
 first chunk one period after the turn starts (after the session opens, for turn 0);
 turns are separated by silences (uniform in ``silence_s``) and a turn after the first
 starts with a reset (new turn: the stock client's re-priming) with probability
-``p_reset``. Chunks stop at ``duration_s``.
+``p_reset``. Chunks stop at ``duration_s``. ``voices`` says how sessions' voices vary:
+``default`` (the workload's few voices), ``clone`` (every session its own voice, as a
+voice-cloning service sees them) or ``five`` (five fixed voices, of five sizes); each
+workload maps it to its own parameters (Token2Wav: the voice prompt's length).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class SessionSpec:
     seed: int  # the session's own seed (its inputs; the workload's weights are shared)
     arrival_s: float
     chunks: tuple[Chunk, ...]
+    voices: str = "default"  # the trace's voice policy (TraceSettings.voices)
 
     @property
     def turns(self) -> int:
@@ -49,6 +53,10 @@ class TraceSettings:
     turn_chunks: tuple[int, int] = (3, 12)
     silence_s: tuple[float, float] = (1.0, 4.0)
     p_reset: float = 0.5
+    voices: str = "default"
+
+
+VOICE_POLICIES = ("default", "clone", "five")
 
 
 def session(settings: TraceSettings, index: int) -> SessionSpec:
@@ -69,7 +77,7 @@ def session(settings: TraceSettings, index: int) -> SessionSpec:
         if len(times) < n:
             break
         start, turn = times[-1] + rng.uniform(*s.silence_s), turn + 1
-    return SessionSpec(index, rng.randrange(2**31), arrival, tuple(chunks))
+    return SessionSpec(index, rng.randrange(2**31), arrival, tuple(chunks), s.voices)
 
 
 def trace(settings: TraceSettings, n_sessions: int) -> list[SessionSpec]:

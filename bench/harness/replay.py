@@ -24,6 +24,7 @@ def sessions_record(binding: Any) -> dict:
     st = binding.stats()
     return {
         "sessions": st["sessions"],
+        "params": st["params"],
         "replay": {
             name: {"hits": c["hits"], "misses": c["misses"], "details": c["miss_details"]}
             for name, c in st["callables"].items()
