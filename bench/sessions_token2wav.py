@@ -183,6 +183,8 @@ class AdapterServer:
             lanes=int(arm.options.get("lanes", 1)),
             state_on=arm.options.get("state_on"),
             progress=False,
+            # lanes at the prompt domain's top unless the arm serves shorter prompts only
+            params_up_to=arm.options.get("params_up_to"),
         )
 
     def open(self, spec: SessionSpec) -> _Session:

@@ -233,7 +233,11 @@ def cmd_plan(args) -> int:
         fp = footprint(r.checked, r.params.at_bind(r.analysis) if r.params else r.analysis)
         lanes = args.lanes or (sorted(profile.chunks_per_s) if profile else [])
         try:
-            preds = [predict(fp, profile, k, args.voices) for k in lanes] if profile else []
+            preds = (
+                [predict(fp, profile, k, args.voices, args.values) for k in lanes]
+                if profile
+                else []
+            )
         except KeyError as exc:
             raise UsageError(str(exc.args[0])) from exc
         entry = {"path": r.path, "footprint": footprint_json(fp), "predictions": preds}
@@ -312,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--lanes", type=int, action="append", help="lane counts to predict (repeat)")
     plan.add_argument("--voices", type=int, default=1, help="distinct voices kept (turn starts)")
+    plan.add_argument(
+        "--values",
+        type=int,
+        default=1,
+        help="distinct session-parameter values served (a prompt length per user)",
+    )
     plan.add_argument("--format", choices=("text", "json"), default="text")
     plan.set_defaults(func=cmd_plan)
 

@@ -102,6 +102,10 @@ class Profile:
     utilization: float = 0.9  # share of the saturated rate kept for zero misses
     speech_share: float = 1.0  # chunks a session sends per cadence on average (turns, silences)
     source: str = ""  # where the numbers come from
+    # session parameters (a voice per user): what one more value's graphs take on a lane
+    # and how long the pool's capture thread takes to capture them (None: not measured)
+    graph_bytes_per_value: int | None = None
+    capture_s_per_value: float | None = None
 
     @classmethod
     def from_json(cls, doc: dict) -> "Profile":
@@ -113,15 +117,28 @@ class Profile:
             utilization=float(doc.get("utilization", 0.9)),
             speech_share=float(doc.get("speech_share", 1.0)),
             source=str(doc.get("source", "")),
+            graph_bytes_per_value=_opt(doc.get("graph_bytes_per_value"), int),
+            capture_s_per_value=_opt(doc.get("capture_s_per_value"), float),
         )
 
 
-def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1) -> dict:
-    """Sessions one GPU holds by memory and serves by time with ``lanes`` lanes."""
+def _opt(value: object, kind: type) -> object:
+    return None if value is None else kind(value)
+
+
+def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1, values: int = 1) -> dict:
+    """Sessions one GPU holds by memory and serves by time with ``lanes`` lanes; with
+    ``values`` distinct session-parameter values (a voice prompt length per user), each
+    held by at least one lane: their graphs' bytes, the values each lane must hold to keep
+    them all (its ``hold``), and the capture thread's seconds to capture them all."""
     if lanes not in profile.base_bytes or lanes not in profile.chunks_per_s:
         known = sorted(set(profile.base_bytes) & set(profile.chunks_per_s))
         raise KeyError(f"the profile has no measurement for {lanes} lanes (has {known})")
+    graphs = (
+        None if profile.graph_bytes_per_value is None else values * profile.graph_bytes_per_value
+    )
     free = profile.gpu_bytes - profile.base_bytes[lanes] - voices * fp.per_voice_bytes
+    free -= graphs or 0
     by_memory = max(0, free // fp.per_session_bytes) if fp.per_session_bytes else math.inf
     rate = profile.chunks_per_s[lanes] * profile.utilization
     by_time = math.floor(rate * profile.cadence_s / profile.speech_share)
@@ -133,12 +150,19 @@ def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1) -> dic
         "sessions_by_time": by_time,
         "sessions": sessions,
         "limited_by": "memory" if by_memory < by_time else "time",
+        "values": values,
+        "hold_to_keep_every_value": math.ceil(values / lanes),
+        "graph_bytes_for_values": graphs,
+        "capture_s_for_values": (
+            None if profile.capture_s_per_value is None else values * profile.capture_s_per_value
+        ),
         "peak_bytes_at_sessions": (
             None
             if sessions == math.inf
             else profile.base_bytes[lanes]
             + voices * fp.per_voice_bytes
             + int(sessions) * fp.per_session_bytes
+            + (graphs or 0)
         ),
     }
 
@@ -164,4 +188,14 @@ def plan_text(fp: Footprint, predictions: list[dict]) -> str:
             f"(memory {p['sessions_by_memory']}, time {p['sessions_by_time']}; limited by "
             f"{p['limited_by']})"
         )
+        if p.get("values", 1) > 1:
+            graphs = p["graph_bytes_for_values"]
+            secs = p["capture_s_for_values"]
+            lines.append(
+                f"    {p['values']} parameter values: each lane holds {p['hold_to_keep_every_value']} "
+                f"to keep them all; graphs "
+                + ("not in the profile" if graphs is None else f"{graphs / gib:.2f} GiB")
+                + ", captured between steps in "
+                + ("(not in the profile)" if secs is None else f"{secs:.0f} s")
+            )
     return "\n".join(lines)

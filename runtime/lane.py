@@ -340,14 +340,15 @@ class Lane:
             if engines and all(e.captured for e in engines.values())
         )
 
-    def size_for_domain(self, progress: bool = False) -> None:
-        """Re-lay this lane's regions at the declared domain's largest shapes (a session
-        pool's lanes: no value ever grows one in a step); its held values are captured
-        again at the new addresses if they were captured."""
+    def size_for(self, keys: list[ParamKey], progress: bool = False) -> None:
+        """Re-lay this lane's regions at the largest shape over ``keys`` (a session pool's
+        lanes, at the values it serves: no value ever grows one in a step); its held
+        values are captured again at the new addresses if they were captured."""
         from .lane_values import grow_to
 
-        top = {n: r.spec.shape for n, r in self.binding.decl.regions.items() if n in self.shapes}
-        if any(self.shapes[n] != s for n, s in top.items()):
+        decl = self.binding.decl
+        top = {n: widest(*(shape_at(decl, decl.regions[n], k) for k in keys)) for n in self.shapes}
+        if any(widest(self.shapes[n], s) != self.shapes[n] for n, s in top.items()):
             grow_to(self, top, capture=self.captured, progress=progress)
 
     def _set_retention(self, key: ParamKey) -> None:

@@ -205,8 +205,11 @@ def merge_values(per_value: list[tuple[str, dict]]) -> dict:
 class ValueGraphs:
     """One lane's engines per parameter value, least recently used first."""
 
-    def __init__(self, hold: int | None) -> None:
+    def __init__(self, hold: int | None, budget_bytes: int | None = None) -> None:
         self.hold = hold
+        # a session pool's graph memory per lane (``graph_budget_mib``): least recently
+        # used values evicted past it too, by their graphs' measured bytes
+        self.budget_bytes = budget_bytes
         self.values: OrderedDict[ParamKey, dict[str, Any]] = OrderedDict()
         self.evictions = 0
         self.captures = 0  # values captured on this lane
@@ -226,7 +229,9 @@ class ValueGraphs:
         self.values[key] = engines
         self.values.move_to_end(key)
         evicted = []
-        while self.hold is not None and len(self.values) > self.hold:
+        while len(self.values) > 1 and (
+            (self.hold is not None and len(self.values) > self.hold) or self._over_budget()
+        ):
             old, dropped = self.values.popitem(last=False)
             for engine in dropped.values():
                 engine.release()
@@ -234,6 +239,17 @@ class ValueGraphs:
             self.evictions += 1
             evicted.append(old)
         return evicted
+
+    def graph_bytes(self) -> int:
+        """The measured bytes of every held value's graphs (0 where not measured)."""
+        return sum(
+            e.stats().get("capture_allocated_bytes") or 0
+            for engines in self.values.values()
+            for e in engines.values()
+        )
+
+    def _over_budget(self) -> bool:
+        return self.budget_bytes is not None and self.graph_bytes() > self.budget_bytes
 
     def retire_all(self) -> None:
         """Release every value's engines, keeping their stats (the lane grew)."""
@@ -258,6 +274,7 @@ class ValueGraphs:
         return {
             "held": [label(k) for k in self.values],
             "hold": self.hold,
+            "budget_bytes": self.budget_bytes,
             "captures": self.captures,
             "capture_s": self.capture_s,
             "evictions": self.evictions,

@@ -57,7 +57,7 @@ import torch
 
 from .backend import capture_stream, drawing_from, generator_state
 from .lane_scheduler import LaneScheduler, NoLaneAvailable
-from .params import resolve
+from .params import ParamError, ParamKey, resolve
 from .regions import Region
 from .session_state import SessionError, SessionState, _TurnStart
 from .trees import SharedState
@@ -98,8 +98,12 @@ class SessionPool:
         capture: bool = True,
         progress: bool = True,
         state_on: str | None = None,
+        params_up_to: dict | None = None,
+        graph_budget_mib: float | None = None,
     ) -> None:
         self.check_args(lanes, timeout_s)
+        if graph_budget_mib is not None and not graph_budget_mib > 0:
+            raise ValueError(f"graph_budget_mib must be positive, got {graph_budget_mib!r}")
         # where sessions keep their regions between steps: the binding's device (default)
         # or "cpu" (pinned host memory: device memory then holds only the lanes; every
         # step moves the session's state in and out over the host link)
@@ -121,10 +125,13 @@ class SessionPool:
         }
         self.closed_sessions = 0
         self._shut = False
+        # the values this pool serves: the declared domain, or up to ``params_up_to``
+        # (``{"f_prompt": 400}``: smaller lanes; a session above it is refused at open)
+        self.served = _served_range(binding.decl.params, params_up_to)
         if binding.decl.params:
-            # every lane at the declared domain's largest shapes: a session of any value
+            # every lane at the served values' largest shapes: a session of any of them
             # runs on any lane, and no step ever grows one (the plan says what it costs)
-            binding.lanes[0].size_for_domain(progress=progress)
+            binding.lanes[0].size_for(list(self.served), progress=progress)
         if capture and self.device.type == "cuda":
             t0 = time.perf_counter()
             binding.lanes[0].capture(progress=progress)
@@ -141,6 +148,9 @@ class SessionPool:
         binding.pool = self
         binding.keep_sites()
         self.lanes = list(binding.lanes[:lanes])
+        for lane in self.lanes:  # `clockc plan --values` says what a value's graphs take
+            if graph_budget_mib is not None:
+                lane.values.budget_bytes = int(graph_budget_mib * 2**20)
         for lane in self.lanes:
             if lane.stream is None and self.device.type == "cuda" and torch.cuda.is_available():
                 lane.stream = capture_stream(self.device)  # lane 0 replays where it captured
@@ -184,7 +194,7 @@ class SessionPool:
                 t0 = time.perf_counter()
                 lane = Lane(b, i, owns_sites=False)
                 if b.decl.params:
-                    lane.size_for_domain()  # before its capture: nothing to capture twice
+                    lane.size_for(list(self.served))  # before its capture: nothing twice
                 b.lanes.append(lane)
                 if capture and i == 1:
                     with watching_undeclared_writes(b.model, self._lane_storages()):
@@ -247,6 +257,12 @@ class SessionPool:
         are captured when a lane first runs one of its steps, on that lane, before the
         step (params.py): never inside another session's step."""
         key = resolve(self.binding.decl.params, params)
+        above = [(n, v, top) for (n, v), (_, top) in zip(key, self.served[1]) if v > top]
+        if above:
+            n, v, top = above[0]
+            raise ParamError(
+                f"session parameter {n}={v}: this pool serves {n} up to {top} (params_up_to)"
+            )
         if shared is not None and len(self.lanes) > 1:
             raise SessionError(
                 "state kept in the model's shared objects is one set: serve it on one lane"
@@ -479,6 +495,15 @@ class Session(SessionState):
 
 
 # --------------------------------------------------------------------- helpers
+def _served_range(params: tuple, up_to: dict | None) -> tuple[ParamKey, ParamKey]:
+    """(lowest, highest) values a pool serves: the declared domain, the top lowered to
+    ``up_to`` where given (checked: a value in the domain, no unknown name)."""
+    lo = resolve(params, {p.name: p.lo for p in params})
+    hi = {p.name: p.hi for p in params}
+    hi.update(up_to or {})
+    return lo, resolve(params, hi)
+
+
 @dataclass(frozen=True)
 class _Exclusive:
     """A step that must run in the eager section (``Session.prime``)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from duplexcadence.compiler.driver import read_and_compile
-from duplexcadence.compiler.plan import Profile, footprint, predict
+from duplexcadence.compiler.plan import Profile, footprint, plan_text, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -57,6 +57,25 @@ def test_prediction_takes_the_smaller_of_memory_and_time(token2wav):
     assert predict(token2wav, tight, lanes=4)["limited_by"] == "memory"
     with pytest.raises(KeyError, match="no measurement for 2 lanes"):
         predict(token2wav, profile, lanes=2)
+
+
+def test_distinct_values_cost_their_graphs_and_their_captures(token2wav):
+    profile = Profile(
+        gpu_bytes=140 * 2**30,
+        base_bytes={8: 12 * 2**30},
+        chunks_per_s={8: 36.0},
+        graph_bytes_per_value=100 * 2**20,
+        capture_s_per_value=2.0,
+    )
+    one = predict(token2wav, profile, lanes=8)
+    many = predict(token2wav, profile, lanes=8, values=36)
+    assert many["hold_to_keep_every_value"] == 5 and many["capture_s_for_values"] == 72.0
+    assert many["graph_bytes_for_values"] == 36 * 100 * 2**20
+    lost = (36 * 100 * 2**20 - 100 * 2**20) // token2wav.per_session_bytes
+    assert one["sessions_by_memory"] - many["sessions_by_memory"] in (lost, lost + 1)
+    unmeasured = predict(token2wav, Profile(140 * 2**30, {8: 12 * 2**30}, {8: 36.0}), 8, values=36)
+    assert unmeasured["graph_bytes_for_values"] is None
+    assert "graphs not in the profile" in plan_text(token2wav, [unmeasured])
 
 
 def test_clockc_plan_reads_a_profile_and_fails_cleanly(capsys, tmp_path):

@@ -265,6 +265,23 @@ def test_caller_threads_with_their_own_values_race_the_captures_exactly():
     binding.unbind()
 
 
+def test_a_pool_serving_values_up_to_a_bound_has_smaller_lanes_and_refuses_above_it():
+    base = Stream(Net(), 8, DEFAULT)
+    binding = bind_contract(base, decl(), device="cpu", backend="simulate", progress=False)
+    pool = binding.sessions(lanes=2, progress=False, params_up_to={"p": 6})
+    assert pool.stats()["lane_region_bytes"] == [(2 * (6 + R) + C) * D * 4] * 2
+    with pytest.raises(ParamError, match="serves p up to 6"):
+        pool.open(_own(base, 9, HI), params={"p": HI})
+    s = pool.open(_own(base, 9, 6), seed=9, params={"p": 6})
+    got = [s.run(s.obj.chunk, x_of(9, i)) for i in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(got, solo_stock(9, 6, 4)))
+    with pytest.raises(ParamError, match="outside its declared domain"):
+        bind_contract(base, decl(), device="cpu", backend="simulate", progress=False).sessions(
+            lanes=1, params_up_to={"p": 99}
+        )
+    binding.unbind()
+
+
 def _own(base: "Stream", seed: int, frames: int) -> "Stream":
     obj = copy.copy(base)
     own = Stream(base.net, seed, frames)
@@ -420,3 +437,28 @@ def test_cuda_sessions_of_different_values_replay_real_graphs_exactly():
     assert stats["sessions"]["capture_errors"] == 0
     assert stats["params"]["regrows"] == 2  # each lane once, when the pool opened
     binding.unbind()
+
+
+def test_a_lanes_graphs_are_evicted_past_its_memory_budget():
+    from duplexcadence.runtime.params import ValueGraphs
+
+    class Engine:
+        def __init__(self, nbytes):
+            self.nbytes, self.released = nbytes, False
+
+        def stats(self):
+            return {"capture_allocated_bytes": self.nbytes, "classes": []}
+
+        def release(self):
+            self.released = True
+
+    held = ValueGraphs(hold=None, budget_bytes=250)
+    keys = [(("p", v),) for v in (2, 3, 4)]
+    engines = [Engine(100), Engine(100), Engine(100)]
+    assert held.put(keys[0], {"step": engines[0]}) == []
+    assert held.put(keys[1], {"step": engines[1]}) == []
+    held.get(keys[0])  # used: the other one is the least recently used
+    assert held.put(keys[2], {"step": engines[2]}) == [keys[1]] and engines[1].released
+    assert held.graph_bytes() == 200 and held.evictions == 1
+    alone = ValueGraphs(hold=None, budget_bytes=10)
+    assert alone.put(keys[0], {"step": Engine(100)}) == []  # the value in use always stays
