@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -66,6 +67,9 @@ class Binding:
         self.plain_lock = threading.RLock()  # callers without a session, one at a time
         self.pool: Any = None  # the SessionPool, once sessions are served
         self.site_rebinds = 0
+        # eager sections' waits for the eager lock (a capture holds it for its catalog):
+        # how long sessions' eager steps queued behind captures and each other
+        self.eager_waits = {"sections": 0, "wait_s": 0.0, "max_wait_s": 0.0}
         self._site_tensors: dict[str, Any] = {}  # region -> the tensor kept at its site
         self._eager_done: Any = None  # CUDA event: the last eager section's device work
         self._undo: list[tuple[Any, tuple[Step, ...], Any]] = []
@@ -178,7 +182,13 @@ class Binding:
         if self.pool is None:
             yield
             return
+        t0 = time.perf_counter()
         with self.eager_lock, drawing_from(self.device, lane.rng):
+            waited = time.perf_counter() - t0
+            w = self.eager_waits
+            w["sections"] += 1
+            w["wait_s"] += waited
+            w["max_wait_s"] = max(w["max_wait_s"], waited)
             # inside a capture (a value's first use in a session's run) the device is
             # already ordered (capturing() synchronised) and an event is out of bounds
             cuda = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()

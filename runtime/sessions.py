@@ -325,6 +325,9 @@ class SessionPool:
                 "closed": self.closed_sessions,
                 **self.counters,
                 **self.scheduler.stats(),
+                "eager_sections": self.binding.eager_waits["sections"],
+                "eager_lock_wait_s": self.binding.eager_waits["wait_s"],
+                "max_eager_lock_wait_s": self.binding.eager_waits["max_wait_s"],
                 "session_bytes": sum(s.nbytes() for s in open_),
                 "lane_region_bytes": [lane.nbytes() for lane in self.lanes],
                 "turn_starts": len(self._turn_starts),
@@ -350,6 +353,8 @@ class SessionPool:
                 f"{s['background_captures']} value(s) captured between steps in "
                 f"{s['background_capture_s']:.2f} s"
                 + (f", {s['capture_errors']} capture error(s)" if s["capture_errors"] else "")
+                + f"; eager sections waited {s['eager_lock_wait_s']:.3f} s for the eager lock "
+                f"(longest {1e3 * s['max_eager_lock_wait_s']:.1f} ms)"
             )
         for c in s["lane_capture"]:
             alloc = "-" if c["allocated_mib"] is None else f"{c['allocated_mib']:.1f}"

@@ -128,7 +128,14 @@ def _class_table(replay: dict):
         "class|status|hits|warm-up s|capture s|alloc MiB|reserved MiB",
         left="class|status",
     )
+    # classes never captured where they were met (a value a pool's step ran eager on a
+    # lane without its graphs) are counted in the callable's misses, not listed
+    pending = [c for c in replay["classes"] if c["status"] == "pending"]
+    if pending:
+        t.caption = f"{len(pending)} class(es) of values run eager before their capture not listed"
     for c in replay["classes"]:
+        if c["status"] == "pending":
+            continue
         t.add_row(
             c["name"],
             c["status"],

@@ -69,6 +69,8 @@ def pool_counters(results: Sequence[dict]) -> dict:
     bind = [c["seconds"] for p in pools for c in p.get("lane_capture", []) if c["lane"] == 0]
     return {
         "max_lane_wait_ms": _f(1e3 * max(p.get("max_lane_wait_s", 0.0) for p in pools)),
+        # a capture holds the eager lock: how long eager steps queued behind it
+        "max_eager_lock_wait_ms": _f(1e3 * max(p.get("max_eager_lock_wait_s", 0.0) for p in pools)),
         "capture_s_at_bind": _f(max(bind)) if bind else None,
         **{k: sum(p.get(k, 0) for p in pools) for k in POOL_COUNTERS},
         "evictions": sum(p.get("evictions", 0) for p in params),
