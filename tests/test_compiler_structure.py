@@ -4,7 +4,7 @@ reserved names, the version.
 * dsl/ imports nothing from compiler/ (the IR and its printer live beside the parser);
   the runtime imports neither.
 * Every code the sources report is registered in dsl/codes.py, with the severity it is
-  reported at, and the README's table is exactly the registry's.
+  reported at, and the language reference's table is exactly the registry's.
 * Every identifier the templates write is in compiler/names.GENERATED_NAMES (or derived
   from a contract name), so a contract name can never shadow one.
 * The version in generated headers is pyproject.toml's.
@@ -82,8 +82,9 @@ def test_every_reported_code_is_registered_with_its_severity():
 
 
 def test_readme_table_is_the_registry():
-    """Rebuild the table with `UPDATE_GOLDEN=1 pytest tests/test_compiler_structure.py`."""
-    path = ROOT / "README.md"
+    """The language reference's table of codes (docs/language.md) is the registry.
+    Rebuild it with `UPDATE_GOLDEN=1 pytest tests/test_compiler_structure.py`."""
+    path = ROOT / "docs" / "language.md"
     readme = path.read_text()
     begin = readme.index("<!-- codes:begin")
     begin = readme.index("\n", begin) + 1

@@ -91,10 +91,10 @@ def test_reserved_words_are_read_from_the_grammar():
     assert len(words) == len(set(words)) > 40
 
 
-def test_readme_lists_every_reserved_word():
+def test_the_language_reference_lists_every_reserved_word():
     from pathlib import Path
 
-    text = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    text = Path(__file__).resolve().parents[1].joinpath("docs", "language.md").read_text()
     paragraph = text.split("**Reserved words.**", 1)[1].split("(`clockc draft`", 1)[0]
     listed = paragraph.split(":", 1)[1].replace("`", "").split()
     assert listed == list(reserved_words())
