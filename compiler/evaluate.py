@@ -14,8 +14,10 @@ None: the caller drops it, so one mistake is reported once, not again at every u
 
 from __future__ import annotations
 
+import difflib
+
 from dataclasses import dataclass
-from typing import AbstractSet, Callable, Mapping
+from typing import AbstractSet, Callable, Iterable, Mapping
 
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Span
@@ -63,7 +65,10 @@ def evaluate(
         if isinstance(e, ir.Quantity):
             if e.unit is not None and e.unit not in clocks:
                 raise EvalError(
-                    "CLK011", f"unknown unit '{e.unit}' (units are clock names)", e.span
+                    "CLK011",
+                    f"unknown unit '{e.unit}' (units are clock names)"
+                    + did_you_mean(e.unit, clocks),
+                    e.span,
                 )
             return Value(e.value, e.unit)
         if isinstance(e, ir.NameRef):
@@ -79,7 +84,10 @@ def evaluate(
                     f"clock '{e.name}' names an extent axis; it has no value here",
                     e.span,
                 )
-            raise EvalError("CLK011", f"unknown name '{e.name}'", e.span)
+            known = [*consts, *clocks, *(names or {})]
+            raise EvalError(
+                "CLK011", f"unknown name '{e.name}'" + did_you_mean(e.name, known), e.span
+            )
         if isinstance(e, ir.ExtentOf):
             if extent is None:
                 raise EvalError(
@@ -105,6 +113,12 @@ def evaluate(
         return Value(value, left.unit)
 
     return go(expr)
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """ "; did you mean 'frame'?" for a declared name close to ``word`` (difflib), else ""."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def _short(value: int) -> str:

@@ -44,6 +44,11 @@ class RegionRules:
             self.poisoned.add(r.name)
             return
         dims, axis, axis_clock = self._dims(r)
+        if any(d is None for i, d in enumerate(dims) if i != axis):
+            # a dim that did not evaluate was reported (an unknown name, say); what is
+            # checked against the dims (retention, attended, stock) would only echo it
+            self.poisoned.add(r.name)
+            return
         unit = axis_clock
 
         def in_axis_unit(expr: ir.Expr, what: str) -> int | None:
@@ -117,7 +122,7 @@ class RegionRules:
             v = self.eval(d)
             if v is not None and v.value <= 0:
                 self.err("CLK015", f"dimension {i} of region '{r.name}' must be positive", d.span)
-            dims.append(v.value if v else 1)
+            dims.append(v.value if v else None)  # None off the axis: did not evaluate
         return dims, axis, axis_clock
 
     def _stock(self, r: ir.Region) -> tuple[int, ...] | None:

@@ -79,6 +79,12 @@ _CODES = [
         "nested too deeply",
         "An expression is at most 32 operators deep (e.g. a chain of `+` or nested `max`: write it with constants); a path has at most 32 steps.",
     ),
+    Code(
+        "CLK009",
+        "error",
+        "block not closed",
+        "A `region`, `callable`, `constant` or `fold` block opened with `{` has no closing `}` before the next statement or the end of the file; the diagnostic points at the block's opening line.",
+    ),
     # ---- names, units, numbers
     Code(
         "CLK010",

@@ -37,6 +37,20 @@ _FOLD_KEYWORDS = ["site", "by", "note"]
 
 MISTAKES: list[tuple[str, str, list[str]]] = [
     (
+        "CLK020",
+        "a retention keeps a positive extent, e.g. `retention window(16 frame)`; a "
+        "negative size retains nothing",
+        _in_block(
+            "region",
+            [
+                "retention window(-16 frame)",
+                "retention ring(-2)",
+                "retention head(-1) ++ tail(3)",
+                "retention head(1) ++ tail(-3)",
+            ],
+        ),
+    ),
+    (
         "CLK060",
         "an argument is written `arg NAME: TYPE`, e.g. `kwarg x: float32 [1, 4]`",
         _in_block(

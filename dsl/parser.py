@@ -17,6 +17,7 @@ from lark.exceptions import UnexpectedInput
 
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, Span, error
+from duplexcadence.dsl.recovery import parse_recovering
 from duplexcadence.dsl.syntax_errors import input_limits, meta_span, syntax_diagnostic, token_span
 
 
@@ -388,12 +389,11 @@ def parse(text: str) -> tuple[ir.Contract | None, list[Diagnostic]]:
     """Parse contract text. Returns (IR or None, diagnostics)."""
     diagnostics: list[Diagnostic] = []
 
-    # LALR error recovery cascades into misleading follow-up errors, so a syntax
-    # error stops parsing; semantic errors (validation) are all reported at once.
-    try:
-        tree = _parser().parse(text)
-    except UnexpectedInput as exc:
-        return None, [syntax_diagnostic(exc, _parser())]
+    # every syntax error, each statement resynchronised at the next (recovery.py); then
+    # nothing is validated, since a skipped statement would only cause follow-on errors
+    tree, syntax = parse_recovering(text, _parser(), lambda e: syntax_diagnostic(e, _parser()))
+    if syntax:
+        return None, syntax
     limits = input_limits(tree)
     if limits:  # nothing downstream may see an input beyond the limits
         return None, limits

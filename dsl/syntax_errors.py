@@ -12,7 +12,9 @@ integer literals of at most `MAX_INT_DIGITS` digits, expressions at most
 
 from __future__ import annotations
 
+import difflib
 import functools
+import re
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -20,6 +22,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from duplexcadence.dsl.diagnostics import Diagnostic, Span, error
 from duplexcadence.dsl.mistakes import MISTAKES
 
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_INT_DIGITS = 15  # 10**15 < 2**53: every literal is exact wherever it goes
 MAX_EXPR_DEPTH = 32
 MAX_PATH_STEPS = 32
@@ -64,28 +67,26 @@ def _token_text(token: Token) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _mistakes_by_token(parser: Lark) -> dict[str, list[tuple[str, list[str]]]]:
-    """The mistake examples grouped by the token type each one fails at, so a
-    mistake is only recognised at its state *and* on its kind of token."""
-    groups: dict[str, dict[str, list[str]]] = {}
+def _mistake_states(parser: Lark) -> dict[tuple[int, str], str]:
+    """(LR state, token type) each mistake example fails at -> its code. The state is
+    the automaton's, not the stack: a mistake is one wherever the block it is in stands
+    and whatever came before it in the block (lark's ``match_examples`` also compares the
+    stack's depth, so a property after another was never recognised)."""
+    states: dict[tuple[int, str], str] = {}
     for code, _, examples in MISTAKES:
         for text in examples:
             try:
                 parser.parse(text)
             except UnexpectedToken as exc:
-                groups.setdefault(exc.token.type, {}).setdefault(code, []).append(text)
+                states.setdefault((exc.state.position, exc.token.type), code)
             else:  # pragma: no cover - a test keeps every example malformed
                 raise AssertionError(f"mistake example parses: {text!r}")
-    return {t: list(by_code.items()) for t, by_code in groups.items()}
+    return states
 
 
 def _mistake(exc: UnexpectedToken, parser: Lark) -> Diagnostic | None:
-    examples = _mistakes_by_token(parser).get(exc.token.type)
-    if not examples:
-        return None
-    # use_accepts=False: lark 1.3 formats a debug message with '%d' of a ParserState on
-    # that path and raises TypeError; the token-type grouping above keeps matches exact
-    code = exc.match_examples(parser.parse, examples, use_accepts=False)
+    state = getattr(exc, "state", None)
+    code = _mistake_states(parser).get((getattr(state, "position", None), exc.token.type))
     if code is None:
         return None
     message = next(m for c, m, _ in MISTAKES if c == code)
@@ -103,14 +104,53 @@ def syntax_diagnostic(exc: UnexpectedInput, parser: Lark) -> Diagnostic:
         mistake = _mistake(exc, parser)
         if mistake is not None:
             return mistake
-    expected = sorted({_describe(t, parser) for t in getattr(exc, "expected", set()) or set()})
+    accepted = _accepted(exc)
+    expected = sorted({_describe(t, parser) for t in accepted})
     listing = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
+    hint = _did_you_mean(exc, accepted, parser)
     if isinstance(exc, UnexpectedEOF) or (
         isinstance(exc, UnexpectedToken) and exc.token.type == "$END"
     ):
         return error("CLK003", f"unexpected end of file; expected {listing}", span)
     assert isinstance(exc, UnexpectedToken)
-    return error("CLK001", f"unexpected {_token_text(exc.token)}; expected {listing}", span)
+    message = f"unexpected {_token_text(exc.token)}; expected {listing}{hint}"
+    return error("CLK001", message, span)
+
+
+def _did_you_mean(exc: UnexpectedInput, accepted: set[str], parser: Lark) -> str:
+    """ "; did you mean 'region'?" for a word close to a keyword or a choice (a dtype, an
+    effect, a lifetime) the parser would have accepted there (difflib), else ""."""
+    token = getattr(exc, "token", None)
+    word = str(getattr(token, "value", ""))
+    if not _WORD.fullmatch(word):
+        return ""
+    choices: list[str] = []
+    for t in parser.terminals:
+        if t.name not in accepted:
+            continue
+        if t.pattern.type == "str":
+            choices.append(t.pattern.value)
+        else:  # an alternation of words: (?:none|device_rng|host_rng)
+            body = t.pattern.value.removeprefix("(?:").removesuffix(")")
+            alternatives = body.split("|")
+            if all(_WORD.fullmatch(a) for a in alternatives):
+                choices += alternatives
+    close = difflib.get_close_matches(word, [c for c in choices if _WORD.fullmatch(c)], n=1)
+    return f"; did you mean '{close[0]}'?" if close and close[0] != word else ""
+
+
+def _accepted(exc: UnexpectedInput) -> set[str]:
+    """The terminals the parser would have accepted where it failed. LALR merges states,
+    so lark's own ``expected`` inside a ``region`` block lists ``callable``'s keywords
+    too; the interactive parser's ``accepts()`` tries each terminal from the real state."""
+    expected = set(getattr(exc, "expected", set()) or set())
+    interactive = getattr(exc, "interactive_parser", None)
+    if interactive is not None:
+        try:
+            return set(interactive.accepts()) or expected
+        except Exception:  # noqa: BLE001 - a state lark cannot replay: its own set
+            return expected
+    return expected
 
 
 def meta_span(meta) -> Span:
