@@ -417,7 +417,7 @@ _CODES = [
         "CLK508",
         "warning",
         "regions bound to nothing",
-        "Regions with no site that no callable reads, writes or retains, listed in one warning: bind() provides nothing for them, so they only document stock state (often a forgotten `site` or argument).",
+        "Regions with no site that no callable reads, writes or retains, and that are not a session's own state, listed in one warning: bind() provides nothing for them and `clockc plan` counts nothing of them (often a forgotten `site` or argument). A region of lifetime `turn` or `session` declared only is not warned about: it documents state a session owns, which the plan counts.",
     ),
     Code(
         "CLK509",

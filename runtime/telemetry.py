@@ -82,16 +82,21 @@ def format_report(items: Iterable[object], width: int = 120) -> str:
                 console.print(_class_table(s))
     if regions:
         console.print(_region_table(regions))
+        console.print(
+            "retains: writebacks the region's retention ran (every eager call of a callable "
+            "that retains it, capture's probe and warm-up calls, and under the simulated "
+            "backend every replay too, which re-runs the body); adoptions: stock tensors "
+            "copied in at an aliased argument"
+        )
     return buf.getvalue()
 
 
 def _table(title: str, columns: str, left: str):
-    """A table with ASCII borders (they paste cleanly into CI logs); the columns named
-    in ``left`` (``|``-separated, as ``columns``) are left-aligned, the others right."""
-    from rich import box
+    """A table drawn as `clockc check` draws its own (rich's default box); the columns
+    named in ``left`` (``|``-separated, as ``columns``) are left-aligned, the others right."""
     from rich.table import Table
 
-    t = Table(title=title, box=box.ASCII2)
+    t = Table(title=title, title_justify="left")
     for col in columns.split("|"):
         t.add_column(col, justify="left" if col in left.split("|") else "right")
     return t
