@@ -170,6 +170,17 @@ def _two_processes(args, device: str):
         return compare_records(*paths, device=device)
 
 
+def _stream_args(p) -> None:
+    """``--stream`` and ``--chunks``, as the commands that compare copies take them."""
+    p.add_argument(
+        "--stream",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="a function returning a duplexcadence.runtime.streams.StreamSpec",
+    )
+    p.add_argument("--chunks", type=int, default=20, help="chunks to compare (default 20)")
+
+
 def add_model_commands(sub) -> None:
     """The subcommands that run a user's model (runtime/streams.py names it)."""
     verify = sub.add_parser(
@@ -181,13 +192,7 @@ def add_model_commands(sub) -> None:
         metavar="CONTRACT_OR_PACKAGE",
         help="a .clock file, a generated package folder, or an importable package name",
     )
-    verify.add_argument(
-        "--stream",
-        required=True,
-        metavar="MODULE:FUNCTION",
-        help="a function returning a duplexcadence.runtime.streams.StreamSpec",
-    )
-    verify.add_argument("--chunks", type=int, default=20, help="chunks to compare (default 20)")
+    _stream_args(verify)
     verify.add_argument(
         "--device", default=None, help="device to bind on (default: the StreamSpec's)"
     )
@@ -230,13 +235,7 @@ def add_model_commands(sub) -> None:
         "reproduce",
         help="does the stock model reproduce itself? two copies, the same traffic, every op",
     )
-    repro.add_argument(
-        "--stream",
-        required=True,
-        metavar="MODULE:FUNCTION",
-        help="a function returning a duplexcadence.runtime.streams.StreamSpec",
-    )
-    repro.add_argument("--chunks", type=int, default=20, help="chunks to compare (default 20)")
+    _stream_args(repro)
     repro.add_argument(
         "--processes",
         action="store_true",

@@ -133,7 +133,9 @@ def test_an_attention_backend_can_be_pinned_and_comes_back():
     record = apply_settings({"cuda.cudnn_sdp": not before})
     assert torch.backends.cuda.cudnn_sdp_enabled() is (not before)
     assert record["in_force"] == {"cuda.cudnn_sdp": not before}
-    assert ambient.ambient_state("cuda") != key  # a graph captured under one would miss under the other
+    assert (
+        ambient.ambient_state("cuda") != key
+    )  # a graph captured under one would miss under the other
     Binding("c", "cpu", determinism=record).unbind()
     assert torch.backends.cuda.cudnn_sdp_enabled() is before
 

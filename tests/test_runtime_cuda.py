@@ -406,7 +406,7 @@ def test_declared_autocast_fp16_replays_exactly():
 
 # ----------------------------------------------------------------------- sessions
 import copy  # noqa: E402
-import threading  # noqa: E402
+from threads import run_clients  # noqa: E402
 
 import toy_stream  # noqa: E402
 
@@ -432,25 +432,14 @@ def test_sessions_from_8_threads_every_session_exact(lanes, state_on):
     seeds = list(range(20, 28))
     n = 9
     got: dict[int, list] = {}
-    errors: list[BaseException] = []
 
     def client(seed):
-        try:
-            s = _session_of(pool, base, seed)
-            with torch.inference_mode():
-                got[seed] = [
-                    s.run(s.obj.chunk, toy_stream.x_of(seed, i, DEV)).cpu() for i in range(n)
-                ]
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        s = _session_of(pool, base, seed)
+        with torch.inference_mode():
+            got[seed] = [s.run(s.obj.chunk, toy_stream.x_of(seed, i, DEV)).cpu() for i in range(n)]
 
-    threads = [threading.Thread(target=client, args=(s,)) for s in seeds]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = run_clients(client, seeds, timeout_s=120)
     assert not errors, errors
-    assert not any(t.is_alive() for t in threads), "a client hung"
     binding.unbind()
     for seed in seeds:
         with torch.inference_mode():

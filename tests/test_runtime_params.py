@@ -233,30 +233,21 @@ def test_caller_threads_with_their_own_values_race_the_captures_exactly():
     """Eight caller threads, each a session with its own value, on three lanes: steps and
     background captures interleave however the threads run; every session equals its
     solo stock run, and nothing raises or hangs."""
-    import threading
+    from threads import run_clients
 
     base = Stream(Net(), 70, DEFAULT)
     binding = bind_contract(base, decl(hold=3), device="cpu", backend="simulate", progress=False)
     pool = binding.sessions(lanes=3, progress=False)
     values = {70 + i: LO + i % (HI - LO + 1) for i in range(8)}
     got: dict[int, list] = {}
-    errors: list[BaseException] = []
 
     def client(seed: int) -> None:
-        try:
-            s = pool.open(_own(base, seed, values[seed]), seed=seed, params={"p": values[seed]})
-            got[seed] = [s.run(s.obj.chunk, x_of(seed, i)) for i in range(8)]
-            s.close()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        s = pool.open(_own(base, seed, values[seed]), seed=seed, params={"p": values[seed]})
+        got[seed] = [s.run(s.obj.chunk, x_of(seed, i)) for i in range(8)]
+        s.close()
 
-    threads = [threading.Thread(target=client, args=(seed,)) for seed in values]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    errors = run_clients(client, values, timeout_s=60)
     assert not errors, errors
-    assert not any(t.is_alive() for t in threads), "a caller hung"
     for seed, frames in values.items():
         assert all(torch.equal(a, b) for a, b in zip(got[seed], solo_stock(seed, frames, 8)))
     st = step_stats(binding)
