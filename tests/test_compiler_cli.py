@@ -207,3 +207,24 @@ def test_clockc_without_the_compile_extra_says_what_to_install(package):
         f"clockc: the compiler needs {package}, which is not installed: "
         "pip install 'duplexcadence[compile]'"
     ]
+
+
+def test_version_help_and_a_closed_pipe_need_no_compiler_and_print_no_traceback():
+    """A runtime-only install (no lark) still answers --version; a reader that goes away
+    (`clockc check | head -1`) gets no BrokenPipeError traceback."""
+    no_lark = "import sys; sys.modules['lark'] = None; from duplexcadence.compiler import cli; "
+    v = subprocess.run(
+        [sys.executable, "-c", no_lark + "sys.exit(cli.main(['--version']))"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert v.returncode == 0 and v.stdout.startswith("clockc ") and not v.stderr
+    c = subprocess.run(
+        [sys.executable, "-c", no_lark + "sys.exit(cli.main(['check']))"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert c.returncode == 2 and "pip install 'duplexcadence[compile]'" in c.stderr
+    piped = subprocess.run(
+        f"{sys.executable} -m duplexcadence.compiler.cli check contracts | head -1",
+        shell=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert piped.stdout.strip() and "Traceback" not in piped.stderr
