@@ -9,10 +9,9 @@ for mistakes that `bind()` and replay would otherwise accept without a word:
           catalog holds extents the stream never reaches and misses those it does;
   CLK507  a carry retained by writeback grows but declares no `attended`: only its
           full extent is captured, so every call while it grows misses;
-  CLK508  regions bound to nothing (no site, no callable) that are not a session's
-          own state (lifetime turn or session: those document what a session owns,
-          and `clockc plan` counts them), listed in one warning at the first: bind()
-          provides nothing for them (often a forgotten `site` or argument);
+  CLK508  regions bound to nothing (no site, no callable) and not declared `allocate
+          none` (documentation on purpose), listed in one warning at the first:
+          bind() provides nothing for them (often a forgotten `site` or argument);
   CLK509  a contract with no callable: its adapter binds and does nothing.
 
 These judge a contract that is otherwise valid, so they run only when validation
@@ -40,14 +39,9 @@ def silent_loss_warnings(
                 c.span,
             )
         )
-    # a session's or turn's own state declared only is deliberate: it documents stock
-    # state the session owns, which `clockc plan` counts (Moshi's rings); scratch that
-    # nothing binds counts for nothing
-    unused = [
-        r
-        for r in c.regions
-        if r.name not in used_regions(c) and r.lifetime not in ("turn", "session")
-    ]
+    # `allocate none` documents stock state on purpose (Moshi's rings: what a session
+    # owns, which `clockc plan` counts); anything else unbound is likely a forgotten site
+    unused = [r for r in c.regions if r.name not in used_regions(c) and r.allocate != "none"]
     if unused:
         listed = ", ".join(f"{r.name} (line {r.span.line})" for r in unused)
         out.append(

@@ -21,7 +21,7 @@ from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluat
 from duplexcadence.compiler.names import check_names
 from duplexcadence.compiler.param_rules import check_params, reference_values
 from duplexcadence.compiler.region_rules import RegionNumbers, RegionRules
-from duplexcadence.compiler.silent_loss import silent_loss_warnings
+from duplexcadence.compiler.silent_loss import silent_loss_warnings, used_regions
 from duplexcadence.compiler.sites import check_sites
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, Severity, Span, error, warning
@@ -117,9 +117,22 @@ class _Validator(RegionRules, CallableRules):
         for fold in self.c.folds:
             self.check_fold(fold)
         self.check_pins_written()
+        self.check_documented()
         if self.error_count() == 0:
             self.diags += silent_loss_warnings(self.c, self.out.clock_rate, self.out.regions)
         return self.out
+
+    def check_documented(self) -> None:
+        """A region declared ``allocate none`` documents stock state: nothing binds it."""
+        used = used_regions(self.c)
+        for r in self.c.regions:
+            if r.allocate == "none" and (r.site is not None or r.name in used):
+                how = "has a site" if r.site is not None else "is used by a callable"
+                self.err(
+                    "CLK057",
+                    f"region '{r.name}' is `allocate none` (it documents stock state) but {how}",
+                    r.prop_spans.get("allocate", r.span),
+                )
 
     def check_pins_written(self) -> None:
         written = {w for k in self.c.callables for w in k.writes}

@@ -289,6 +289,12 @@ _CODES = [
         "bad initial state",
         '`initial zeros` says a region\'s site may be absent at bind (the stock code creates it on its first call, reading zeros while it is absent): the region needs a site whose last step is a dict key (`["k"]` or `[id(...)]`) and `address pinned`.',
     ),
+    Code(
+        "CLK057",
+        "error",
+        "documented region bound",
+        "`allocate none` says a region only documents stock state (a vendor ring a session owns, counted by `clockc plan`) and bind() provides nothing for it: it takes no site, and no callable may read, write or retain it.",
+    ),
     # ---- common syntax mistakes
     Code(
         "CLK060",
@@ -417,7 +423,7 @@ _CODES = [
         "CLK508",
         "warning",
         "regions bound to nothing",
-        "Regions with no site that no callable reads, writes or retains, and that are not a session's own state, listed in one warning: bind() provides nothing for them and `clockc plan` counts nothing of them (often a forgotten `site` or argument). A region of lifetime `turn` or `session` declared only is not warned about: it documents state a session owns, which the plan counts.",
+        "Regions with no site that no callable reads, writes or retains, listed in one warning: bind() provides nothing for them (often a forgotten `site` or argument). A region that only documents stock state on purpose says so with `allocate none`.",
     ),
     Code(
         "CLK509",

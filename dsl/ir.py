@@ -155,7 +155,7 @@ class Region(Node):
     address: Literal["stable", "moves", "pinned"] = "stable"
     # demand: bind() allocates the demand-sized region; stock: the region *is* the stock
     # tensor at its site (no state rule), still pointer-checked as write-through
-    allocate: Literal["demand", "stock"] = "demand"
+    allocate: Literal["demand", "stock", "none"] = "demand"
     site: Path | None = None
     # zeros: the site may be absent at bind (the stock creates it on its first call,
     # reading zeros where it is absent); bind() creates it as the zeroed region

@@ -39,7 +39,7 @@ _FRIENDLY = {
     "LIFETIME": "a lifetime (operator, unit, chunk, turn, session, process)",
     "MUTABILITY": "a mutability (immutable, mutable, copy_on_write)",
     "ADDRESS": "an address kind (stable, moves, pinned)",
-    "ALLOCATION": "an allocation (demand, stock)",
+    "ALLOCATION": "an allocation (demand, stock, none)",
     "EFFECT": "an effect (none, device_rng, host_rng)",
     "MODE": "a mode (replay, eager)",
     "INSTALL": "an install kind (device_buffer, hoisted, left_eager)",

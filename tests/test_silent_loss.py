@@ -69,6 +69,15 @@ def test_declared_only_regions_are_listed_in_one_warning():
     assert f"kv1 (line {line}), spare (line {_line_of(text, 'region spare')})" in message
 
 
+def test_a_region_documented_on_purpose_is_not_warned_about():
+    text = CONTRACT.replace('  site state["kv1"]\n', "").replace("  arg kv1: region kv1\n", "")
+    text = text.replace("aliased kv0, kv1", "aliased kv0").replace(
+        "  retains kv1 from result[3]\n", ""
+    )
+    text = text.replace("region kv1 {\n", "region kv1 {\n  allocate none\n")
+    assert _diagnostics(text) == []
+
+
 def test_warnings_wait_for_a_valid_contract():
     # an error elsewhere: the contract is reported by its error, not by follow-on warnings
     text = CONTRACT.replace("by 4 frame until keep", "by 3 frame until 12 frame", 1)
