@@ -74,6 +74,9 @@ def stock() -> tuple[list, list]:
 
 @pytest.fixture(scope="module")
 def bound():
+    """The bound stream's outputs and every fact the tests read, the model freed before
+    the next module fixture builds its own (one Token2Wav alive at a time: the suite's
+    peak memory)."""
     t2w = W.build_token2wav(SEED)  # re-seeds the global generators exactly as for stock
     binding = adapter.bind(t2w, device="cpu", audit=True)
     carry = binding.regions["estimator_carry"]
@@ -87,8 +90,21 @@ def bound():
         seen["lengths"].append(est.shape[4])
 
     mels, pcm = _stream(t2w, observe)
-    yield {"t2w": t2w, "binding": binding, "carry": carry, "seen": seen, "mels": mels, "pcm": pcm}
+    facts = {
+        "seen": seen,
+        "mels": mels,
+        "pcm": pcm,
+        "carry_ptr": carry.data_ptr(),
+        "carry_shape": tuple(carry.tensor.shape),
+        "carry_audit": (carry.audit_checks, carry.audit_divergences),
+        "conformer_ptr": binding.regions["conformer_carry"].data_ptr(),
+        "workspace_shape": tuple(t2w.flow.decoder.att_cache_buffer.shape),
+        "stats": binding.stats(),
+    }
     binding.unbind()
+    del t2w, binding, carry
+    gc.collect()
+    return facts
 
 
 def test_every_chunk_bit_identical(stock, bound):
@@ -101,24 +117,21 @@ def test_every_chunk_bit_identical(stock, bound):
 
 
 def test_retention_trimmed_in_place_at_one_address(bound):
-    carry = bound["carry"]
     # the stock rule would have trimmed on chunks 3, 4 and 5; the writeback did instead
     assert bound["seen"]["lengths"] == [352, 402, 402, 402, 402, 402]
-    assert bound["seen"]["ptrs"] == {carry.data_ptr()}
-    assert bound["seen"]["conformer_ptrs"] == {
-        bound["binding"].regions["conformer_carry"].data_ptr()
-    }
+    assert bound["seen"]["ptrs"] == {bound["carry_ptr"]}
+    assert bound["seen"]["conformer_ptrs"] == {bound["conformer_ptr"]}
     # audit mode compared every writeback with the stock concatenation
-    assert carry.audit_checks >= N_CHUNKS and carry.audit_divergences == 0
+    checks, divergences = bound["carry_audit"]
+    assert checks >= N_CHUNKS and divergences == 0
 
 
 def test_regions_are_demand_sized(bound):
-    t2w = bound["t2w"]
     # sized for the value bound (the default f_prompt = 302 of 50..600), not the domain's
     # top: 302 + 100 retained (+ 56 in flight for the workspace); a larger value grows it
-    assert tuple(t2w.flow.decoder.att_cache_buffer.shape) == (10, 16, 2, 8, 458, 128)
-    assert tuple(bound["carry"].tensor.shape) == (10, 16, 2, 8, 402, 128)
-    stats = bound["binding"].stats()
+    assert bound["workspace_shape"] == (10, 16, 2, 8, 458, 128)
+    assert bound["carry_shape"] == (10, 16, 2, 8, 402, 128)
+    stats = bound["stats"]
     assert set(stats["callables"]) == {"flow_chunk", "vocoder"}
     # on CPU the engine runs eager and says why
     flow = stats["callables"]["flow_chunk"]
@@ -189,15 +202,23 @@ def bound_sr():
     admitted = _record_admission(t2w, _catalog_keys(step_adapter, binding))
     ptrs: set = set()
     mels, pcm = _stream(t2w, lambda m: ptrs.add(m.stream_cache["estimator_att_cache"].data_ptr()))
-    yield {
-        "t2w": t2w,
-        "binding": binding,
+    carry, est = binding.regions["estimator_carry"], t2w.flow.decoder.estimator
+    facts = {
         "mels": mels,
         "pcm": pcm,
         "admitted": admitted,
         "ptrs": ptrs,
+        "carry_ptr": carry.data_ptr(),
+        "carry_audit": (carry.audit_checks, carry.audit_divergences),
+        "estimator_workspace_shape": tuple(est.att_cache_buffer.shape),
+        "dit_cnn_is_the_region": est.cnn_cache_buffer.data_ptr()
+        == binding.regions["dit_cnn"].data_ptr(),
+        "stats": binding.stats(),
     }
     binding.unbind()
+    del t2w, binding, carry, est
+    gc.collect()
+    return facts
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +231,23 @@ def bound_r():
     binding.capture(progress=False)
     admitted = _record_admission(t2w, _catalog_keys(step_replay_only_adapter, binding))
     mels, pcm = _stream(t2w)
-    yield {"t2w": t2w, "binding": binding, "mels": mels, "pcm": pcm, "admitted": admitted}
+    decoder = t2w.flow.decoder
+    facts = {
+        "mels": mels,
+        "pcm": pcm,
+        "admitted": admitted,
+        # allocate stock: the regions are the stock tensors, nothing was resized
+        "regions_are_the_stock": (
+            binding.regions["dit_workspace"].tensor is decoder.estimator.att_cache_buffer,
+            binding.regions["estimator_cnn"].tensor is decoder.cnn_cache_buffer,
+        ),
+        "workspace_shape": tuple(decoder.att_cache_buffer.shape),
+        "stats": binding.stats(),
+    }
     binding.unbind()
+    del t2w, binding, decoder
+    gc.collect()
+    return facts
 
 
 @pytest.mark.parametrize("cell", ["bound_sr", "bound_r"])
@@ -225,15 +261,13 @@ def test_step_clock_every_chunk_bit_identical(stock, cell, request):
 
 
 def test_sr_state_rule_and_step_catalog(bound_sr):
-    binding = bound_sr["binding"]
-    carry = binding.regions["estimator_carry"]
-    assert bound_sr["ptrs"] == {carry.data_ptr()}
-    assert carry.audit_checks >= N_CHUNKS and carry.audit_divergences == 0
-    est = bound_sr["t2w"].flow.decoder.estimator
+    assert bound_sr["ptrs"] == {bound_sr["carry_ptr"]}
+    checks, divergences = bound_sr["carry_audit"]
+    assert checks >= N_CHUNKS and divergences == 0
     # the step contract declares f_prompt in 50..600 too, bound at 302: 302 + 100 + 56
-    assert tuple(est.att_cache_buffer.shape) == (16, 2, 8, 458, 128)
-    assert est.cnn_cache_buffer.data_ptr() == binding.regions["dit_cnn"].data_ptr()
-    stats = binding.stats()
+    assert bound_sr["estimator_workspace_shape"] == (16, 2, 8, 458, 128)
+    assert bound_sr["dit_cnn_is_the_region"]
+    stats = bound_sr["stats"]
     assert set(stats["callables"]) == {"estimator_step"}
     assert stats["eager"] == {"flow_chunk": "declared `mode eager`"}
     # on CPU every step runs eager by design: the prompt's 10 steps (before capture) and
@@ -247,13 +281,10 @@ def test_sr_state_rule_and_step_catalog(bound_sr):
 
 
 def test_r_stock_state_and_step_catalog(bound_r):
-    binding = bound_r["binding"]
-    t2w = bound_r["t2w"]
     # allocate stock: the regions are the stock tensors, nothing was resized
-    assert binding.regions["dit_workspace"].tensor is t2w.flow.decoder.estimator.att_cache_buffer
-    assert binding.regions["estimator_cnn"].tensor is t2w.flow.decoder.cnn_cache_buffer
-    assert tuple(t2w.flow.decoder.att_cache_buffer.shape) == (16, 16, 2, 8, 1000, 128)
-    stats = binding.stats()
+    assert bound_r["regions_are_the_stock"] == (True, True)
+    assert bound_r["workspace_shape"] == (16, 16, 2, 8, 1000, 128)
+    stats = bound_r["stats"]
     assert set(stats["callables"]) == {"estimator_step"} and stats["eager"] == {}
     assert stats["callables"]["estimator_step"]["misses"] == {"no_cuda": N_STEPS * N_CHUNKS}
     # the stock carry is a view of the 1000-frame workspace until the first trim
