@@ -48,6 +48,8 @@ CONTRACT = "stepaudio2_token2wav"
 # the trace's ``--voices five``: five voices of five prompt lengths (mel frames), the
 # lengths a mixed-voice run first broke the pool with (bench/results/voices_h200)
 FIVE_VOICES = (150, 222, 302, 388, 544)
+# per lane, for the graphs of the values it holds (the adapter arms)
+GRAPH_BUDGET_MIB = 1024
 # the contract's session parameter ``f_prompt in 50..600`` (frames; even: 2 per token)
 PROMPT_DOMAIN = (50, 600)
 
@@ -185,6 +187,7 @@ class AdapterServer:
             progress=False,
             # lanes at the prompt domain's top unless the arm serves shorter prompts only
             params_up_to=arm.options.get("params_up_to"),
+            graph_budget_mib=arm.options.get("graph_budget_mib"),
         )
 
     def open(self, spec: SessionSpec) -> _Session:
@@ -261,7 +264,9 @@ SESSIONS = SessionWorkload(
             "adapter_lanes",
             "inproc",
             "SRc adapter, 8 concurrent replay lanes",
-            options={"adapter": True, "lanes": 8},
+            # a lane keeps every value its graph budget fits (a value's graphs: a few
+            # MiB of graph memory; the regions are the lane's), not the contract's hold 4
+            options={"adapter": True, "lanes": 8, "graph_budget_mib": GRAPH_BUDGET_MIB},
             needs_cuda=True,
         ),
         Arm(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
 
 import torch
@@ -70,6 +70,8 @@ class Binding:
         # eager sections' waits for the eager lock (a capture holds it for its catalog):
         # how long sessions' eager steps queued behind captures and each other
         self.eager_waits = {"sections": 0, "wait_s": 0.0, "max_wait_s": 0.0}
+        self.eager_waiting = 0  # threads waiting for the eager lock now (CaptureSection)
+        self._waiting_lock = threading.Lock()
         self._site_tensors: dict[str, Any] = {}  # region -> the tensor kept at its site
         self._eager_done: Any = None  # CUDA event: the last eager section's device work
         self._undo: list[tuple[Any, tuple[Step, ...], Any]] = []
@@ -135,32 +137,24 @@ class Binding:
         return self
 
     @contextmanager
-    def capturing(self, lane: Any) -> Iterator[None]:
+    def capturing(self, lane: Any) -> Iterator["CaptureSection"]:
         """A lane captures with its own regions at the model's sites (eager warm-up
         reads scratch there), drawing from its own generator (so its graphs register
         that state), under the eager lock; the sites are put back after.
 
         On CUDA the device is synchronised first: a capture may not wait on an event
         recorded outside it (that invalidates the capture), so the eager sections
-        inside it skip their event ordering, and this is what orders them instead."""
-        with self.eager_lock, drawing_from(self.device, lane.rng):
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            swapped = []
-            kept = dict(self._site_tensors)
-            if not lane.owns_sites:
-                for r in self.decl.regions.values():
-                    if r.site is not None and r.install == "allocate":
-                        swapped.append((r.site, get_at(self.model, r.site)))
-                        set_at(self.model, r.site, lane.regions[r.name].tensor)
-                        if r.name in self._site_tensors:  # a capture once sessions are served
-                            self._site_tensors[r.name] = lane.regions[r.name].tensor
-            try:
-                yield
-            finally:
-                for site, tensor in reversed(swapped):
-                    set_at(self.model, site, tensor)
-                self._site_tensors = kept
+        inside it skip their event ordering, and this is what orders them instead.
+
+        The section it yields can ``pause()`` between two classes: a background
+        capture (lane_scheduler.py) holds the eager lock one class at a time, so the
+        other lanes' eager steps wait for a class (a few hundred ms), not a value."""
+        section = CaptureSection(self, lane)
+        section.enter()
+        try:
+            yield section
+        finally:
+            section.exit()
 
     def use(self, params: dict | None = None) -> "Binding":
         """Serve a plain binding (one stream) at these session-parameter values from
@@ -183,23 +177,33 @@ class Binding:
             yield
             return
         t0 = time.perf_counter()
-        with self.eager_lock, drawing_from(self.device, lane.rng):
-            waited = time.perf_counter() - t0
-            w = self.eager_waits
-            w["sections"] += 1
-            w["wait_s"] += waited
-            w["max_wait_s"] = max(w["max_wait_s"], waited)
-            # inside a capture (a value's first use in a session's run) the device is
-            # already ordered (capturing() synchronised) and an event is out of bounds
-            cuda = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
-            if cuda and self._eager_done is not None:
-                torch.cuda.current_stream(self.device).wait_event(self._eager_done)
-            yield
-            self._check_sites()
-            if cuda:
-                done = torch.cuda.Event()
-                done.record(torch.cuda.current_stream(self.device))
-                self._eager_done = done
+        with self._waiting_lock:
+            self.eager_waiting += 1
+        try:
+            self.eager_lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self.eager_waiting -= 1
+        try:
+            with drawing_from(self.device, lane.rng):
+                waited = time.perf_counter() - t0
+                w = self.eager_waits
+                w["sections"] += 1
+                w["wait_s"] += waited
+                w["max_wait_s"] = max(w["max_wait_s"], waited)
+                # inside a capture (a value's first use in a session's run) the device is
+                # already ordered (capturing() synchronised) and an event is out of bounds
+                cuda = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+                if cuda and self._eager_done is not None:
+                    torch.cuda.current_stream(self.device).wait_event(self._eager_done)
+                yield
+                self._check_sites()
+                if cuda:
+                    done = torch.cuda.Event()
+                    done.record(torch.cuda.current_stream(self.device))
+                    self._eager_done = done
+        finally:
+            self.eager_lock.release()
 
     def keep_sites(self) -> None:
         """Record what is at every allocated region's site now: from here on stock code
@@ -402,3 +406,61 @@ def _leading_part(stock: Any, shape: tuple[int, ...]) -> Any:
     if stock.dim() != len(shape) or any(s < t for s, t in zip(stock.shape, shape)):
         return None
     return stock[tuple(slice(0, n) for n in shape)]
+
+
+class CaptureSection:
+    """``Binding.capturing``'s hold on the model: the eager lock, the lane's generator
+    as the device default, the lane's regions at the sites."""
+
+    def __init__(self, binding: Binding, lane: Any) -> None:
+        self.binding, self.lane = binding, lane
+        self.pauses = 0
+        self._stack: ExitStack | None = None
+        self._swapped: list[tuple[Any, Any]] = []
+        self._kept: dict[str, Any] = {}
+        # only the outermost hold can let go: a capture inside a caller's eager
+        # section (a plain binding's first use of a value) keeps the lock it came with
+        self._outermost = not _holds(binding.eager_lock)
+
+    def enter(self) -> None:
+        b, lane = self.binding, self.lane
+        stack = ExitStack()
+        stack.enter_context(b.eager_lock)
+        stack.enter_context(drawing_from(b.device, lane.rng))
+        self._stack = stack
+        if b.device.type == "cuda":
+            torch.cuda.synchronize(b.device)
+        self._swapped = []
+        self._kept = dict(b._site_tensors)
+        if not lane.owns_sites:
+            for r in b.decl.regions.values():
+                if r.site is not None and r.install == "allocate":
+                    self._swapped.append((r.site, get_at(b.model, r.site)))
+                    set_at(b.model, r.site, lane.regions[r.name].tensor)
+                    if r.name in b._site_tensors:  # a capture once sessions are served
+                        b._site_tensors[r.name] = lane.regions[r.name].tensor
+
+    def exit(self) -> None:
+        b = self.binding
+        for site, tensor in reversed(self._swapped):
+            set_at(b.model, site, tensor)
+        b._site_tensors = self._kept
+        self._swapped = []
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    def pause(self) -> None:
+        """Let the eager sections waiting for the lock run, then hold it again (a no-op
+        unless this is the thread's outermost hold and somebody waits)."""
+        if not self._outermost or not self.binding.eager_waiting:
+            return
+        self.exit()
+        self.pauses += 1
+        time.sleep(0.001)  # the waiters take the lock before this thread asks again
+        self.enter()
+
+
+def _holds(lock: Any) -> bool:
+    """Whether this thread holds the RLock ``lock``."""
+    return bool(lock._is_owned())

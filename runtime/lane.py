@@ -306,10 +306,10 @@ class Lane:
     def capture(self, progress: bool = True) -> None:
         if self.pool is None and self.engines:
             self.pool = self.backend.new_pool(self.binding.device) if self._can_capture() else None
-        with self.binding.capturing(self):
+        with self.binding.capturing(self) as section:
             for engine in self.engines.values():
                 engine.pool = self.pool
-                engine.capture_all(progress=progress)
+                engine.capture_all(progress=progress, between_classes=section.pause)
         self.captured = True
         # the declared capture set, then back to this lane's value
         key = self.key

@@ -5,17 +5,22 @@ captures of parameter values (params.py) the pool still needs. Served with a dif
 voice per user, a pool meets many values; what the scheduler guarantees:
 
 * ``acquire(key)`` returns a free lane for one step of a session at value ``key``: a
-  free lane that holds ``key``'s graphs if there is one (an *affinity hit*), else any
-  free lane, where the step runs eager (exact; its calls count ``value_not_captured``).
-  Steps are served in arrival order; ``NoLaneAvailable`` after the pool's timeout means
-  the pool is overloaded: no step ever captures, grows a lane or waits for a capture.
-* A step that found no free lane holding its value *wants* the value on one more
-  lane, if fewer lanes hold it than sessions of it are open (a voice of one session is
-  captured on one lane, a popular one on as many as its load keeps busy). The capture
-  thread takes a free lane that does not hold it out of rotation between steps —
-  steps first: it takes one only when no step waits, or after ``patience_s`` — captures
-  the value there (``capture(lane, key)``; the lane's least recently used value is
-  evicted past its hold) and puts the lane back.
+  free lane that holds ``key``'s graphs if there is one (an *affinity hit*). While
+  every lane holding ``key`` is busy the step waits for one of them, up to
+  ``affinity_patience_s`` (a replay there is shorter than an eager step), letting later
+  steps pass; after that, or when no lane holds ``key``, it takes any free lane and
+  runs eager (exact; its calls count ``value_not_captured``). ``NoLaneAvailable``
+  after the pool's timeout means the pool is overloaded: no step ever captures, grows
+  a lane or waits for a capture.
+* A value is *wanted* on as many lanes as its share of the open sessions needs
+  (``_lanes_wanted``: a voice of one session among many on one lane, the only value on
+  all of them), from the moment its first session opens (its capture runs while the
+  session primes) and whenever a step of it ran eager. The capture thread takes the
+  least loaded free lane that does not hold it out of rotation between steps — steps
+  first: it takes one only when no step waits, or after ``patience_s`` — captures the
+  value there (``capture(lane, key)``, one class at a time under the eager lock:
+  binding.CaptureSection; the lane's least recently used value is evicted past its
+  hold or graph budget) and puts the lane back.
 * Which values a lane holds changes only there (steps never capture, and pools size
   their lanes for the whole declared domain, so they never grow), so the scheduler
   keeps each lane's holdings itself and never reads a lane another thread is using.
@@ -28,9 +33,10 @@ longest and the total lane wait.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from typing import Any, Callable, Hashable
 
 from .telemetry import LOGGER
@@ -49,6 +55,7 @@ class LaneScheduler:
         held: Callable[[Any], frozenset | None],
         capture: Callable[[Any, Hashable], None] | None,
         patience_s: float = 1.0,
+        affinity_patience_s: float = 0.3,
     ) -> None:
         """``held(lane)``: the values whose graphs ``lane`` holds (None: every value, a
         contract whose graphs do not depend on the parameters); ``capture(lane, key)``:
@@ -56,12 +63,15 @@ class LaneScheduler:
         self.lanes = list(lanes)
         self.timeout_s = timeout_s
         self.patience_s = patience_s
+        self.affinity_patience_s = affinity_patience_s
         self._held_of = held
         self._capture = capture
         self._cond = threading.Condition()
         self._free: list[Any] = list(lanes)  # least recently released first
         self._holding: dict[int, frozenset | None] = {id(lane): held(lane) for lane in lanes}
-        self._queue: deque[int] = deque()  # waiting steps' tickets, in arrival order
+        # waiting steps' tickets, in arrival order: (value, when it asked)
+        self._waiting: OrderedDict[int, tuple[Hashable, float]] = OrderedDict()
+        self._granted: dict[int, tuple[Any, bool]] = {}  # ticket -> (lane, holds value)
         self._tickets = itertools.count()
         self._open: Counter = Counter()  # open sessions per value
         self._wanted: OrderedDict[Hashable, Any] = OrderedDict()  # value -> lane hint
@@ -83,8 +93,11 @@ class LaneScheduler:
 
     # ---------------------------------------------------------------- sessions
     def opened(self, key: Hashable) -> None:
+        """A session of ``key`` opened: its value is wanted on a lane now, so its
+        capture runs while the session primes, before its first step is due."""
         with self._cond:
             self._open[key] += 1
+            self._want(key, None)
 
     def closed(self, key: Hashable) -> None:
         with self._cond:
@@ -102,22 +115,23 @@ class LaneScheduler:
         t0 = time.perf_counter()
         with self._cond:
             ticket = next(self._tickets)
-            self._queue.append(ticket)
+            self._waiting[ticket] = (key, t0)
             deadline = t0 + self.timeout_s
-            while not (self._queue[0] == ticket and self._free):
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    self._queue.remove(ticket)
+            while True:
+                self._grant()
+                if ticket in self._granted:
+                    break
+                now = time.perf_counter()
+                if now >= deadline:
+                    del self._waiting[ticket]
                     self._cond.notify_all()
                     raise NoLaneAvailable(
                         f"no lane of {len(self.lanes)} became free within {self.timeout_s:.1f} s"
                     )
-                self._cond.wait(left)
-            self._queue.popleft()
-            holding = [lane for lane in self._free if self.holds(lane, key)]
-            lane = (holding or self._free)[0]
-            self._free.remove(lane)
-            hit = bool(holding)
+                # woken by a release, or when this step's affinity patience runs out
+                patience_left = t0 + self.affinity_patience_s - now
+                self._cond.wait(min(deadline - now, patience_left if patience_left > 0 else 1.0))
+            lane, hit = self._granted.pop(ticket)
             c = self.counters
             waited = time.perf_counter() - t0
             c["steps"] += 1
@@ -130,19 +144,48 @@ class LaneScheduler:
             self._cond.notify_all()
             return lane, hit
 
+    def _grant(self) -> None:
+        """Give free lanes to waiting steps, in arrival order (the caller holds the
+        lock): a step takes a free lane holding its value; while every lane holding
+        its value is busy it waits for one up to ``affinity_patience_s`` (a replay there
+        is shorter than an eager step) and lets later steps pass; after that, or when
+        no lane holds its value, it takes any free lane and runs eager."""
+        now = time.perf_counter()
+        for ticket, (key, t0) in list(self._waiting.items()):
+            if not self._free:
+                return
+            holding = [lane for lane in self._free if self.holds(lane, key)]
+            if holding:
+                lane, hit = holding[0], True
+            elif self._lanes_holding(key) and now - t0 < self.affinity_patience_s:
+                continue
+            else:
+                lane, hit = self._free[0], False
+            self._free.remove(lane)
+            del self._waiting[ticket]
+            self._granted[ticket] = (lane, hit)
+
     def release(self, lane: Any) -> None:
         with self._cond:
             self._free.append(lane)
             self._cond.notify_all()
 
     # ---------------------------------------------------------------- captures
+    def _lanes_wanted(self, key: Hashable) -> int:
+        """How many lanes a value's load needs: its share of the open sessions, in
+        lanes (a voice of one session among many: one lane; the only value: all)."""
+        total = sum(self._open.values())
+        if not total:
+            return 0
+        return max(1, math.ceil(self._open.get(key, 0) * len(self.lanes) / total))
+
     def _want(self, key: Hashable, hint: Any) -> None:
         """Queue ``key`` for one more lane (the caller holds the lock)."""
         if self._capture is None or key in self._wanted or key in self._capturing:
             return
         if key in self._failed:
             return
-        if self._lanes_holding(key) >= self._open.get(key, 1):
+        if self._lanes_holding(key) >= self._lanes_wanted(key):
             return
         self._wanted[key] = hint
         self._start()
@@ -150,6 +193,11 @@ class LaneScheduler:
 
     def _lanes_holding(self, key: Hashable) -> int:
         return sum(1 for lane in self.lanes if self.holds(lane, key))
+
+    def _load(self, lane: Any) -> int:
+        """Open sessions whose values ``lane`` holds: where a new value's graphs go."""
+        held = self._holding[id(lane)]
+        return sum(self._open.values()) if held is None else sum(self._open[k] for k in held)
 
     def _start(self) -> None:
         if self._thread is None:
@@ -189,13 +237,13 @@ class LaneScheduler:
         since: dict[Hashable, float] = {}
         while not self._stopped:
             for key, hint in list(self._wanted.items()):
-                if self._lanes_holding(key) >= self._open.get(key, 0):
+                if self._lanes_holding(key) >= self._lanes_wanted(key):
                     del self._wanted[key]  # its sessions closed, or enough lanes hold it
                     continue
                 free = [lane for lane in self._free if not self.holds(lane, key)]
                 waited = time.perf_counter() - since.setdefault(key, time.perf_counter())
-                if free and (not self._queue or waited >= self.patience_s):
-                    lane = hint if hint in free else free[0]
+                if free and (not self._waiting or waited >= self.patience_s):
+                    lane = min(free, key=self._load)  # the least loaded free lane
                     self._free.remove(lane)
                     del self._wanted[key]
                     self._capturing.add(key)

@@ -74,11 +74,12 @@ def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> 
         }
         if capture:
             t0 = time.perf_counter()
-            with b.capturing(lane):
+            with b.capturing(lane) as section:
                 lane._set_retention(key)
                 for engine in engines.values():
                     engine.pool = lane.pool
-                    engine.capture_all(progress=progress)
+                    engine.capture_all(progress=progress, between_classes=section.pause)
+                    section.pause()
             lane.values.captures += 1
             lane.values.capture_s += time.perf_counter() - t0
         lane.values.put(key, engines)
@@ -148,6 +149,10 @@ def grow_to(
     again = [k for k in lane.values.values if k != key] if capture else []
     lane.shapes = {n: widest(s, shapes.get(n, s)) for n, s in lane.shapes.items()}
     _retire_engines(lane)
+    if capture and lane.pool is not None:
+        # every graph of the old pool is gone: capturing into it again trips the
+        # caching allocator (a pool whose last graph was freed is released)
+        lane.pool = lane.backend.new_pool(b.device)
     lane.key = key
     old = lane.regions
     new = dict(old)
@@ -169,10 +174,10 @@ def grow_to(
     lane._set_retention(key)
     engines = list(lane.engines.values())
     if capture:
-        with b.capturing(lane):
+        with b.capturing(lane) as section:
             for engine in engines:
                 engine.pool = lane.pool
-                engine.capture_all(progress=progress)
+                engine.capture_all(progress=progress, between_classes=section.pause)
     for held in again:  # what the lane held before, at the new addresses
         use_value(lane, held, capture=True, progress=progress)
     use_value(lane, key, capture=capture, progress=progress)

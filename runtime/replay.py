@@ -186,7 +186,11 @@ class ExactShapeReplay:
         self._wt_keys: list[tuple] = []  # the keys alone: one list compare per call
 
     # ================================================================ capture
-    def capture_all(self, progress: bool = True) -> "ExactShapeReplay":
+    def capture_all(
+        self, progress: bool = True, between_classes: Callable[[], None] | None = None
+    ) -> "ExactShapeReplay":
+        """``between_classes``: called before every class after the first (a background
+        capture lets waiting eager steps run there: binding.CaptureSection.pause)."""
         if self.captured:
             return self  # capture happens once per binding
         if not replay_enabled():
@@ -214,6 +218,8 @@ class ExactShapeReplay:
                 progress, f"capturing {self.name}", len(self._entries)
             ) as advance:
                 for i in range(len(self.classes)):
+                    if i and between_classes is not None:
+                        between_classes()
                     self._capture_class(self._entries[i * n : (i + 1) * n], gen, snap, advance)
         finally:
             # region and write-through contents come back once, after the last class

@@ -150,7 +150,10 @@ class SessionPool:
         self.lanes = list(binding.lanes[:lanes])
         for lane in self.lanes:  # `clockc plan --values` says what a value's graphs take
             if graph_budget_mib is not None:
+                # the budget replaces the contract's `hold` count: a lane keeps as many
+                # values as their measured graph bytes fit (LRU past it)
                 lane.values.budget_bytes = int(graph_budget_mib * 2**20)
+                lane.values.hold = None
         for lane in self.lanes:
             if lane.stream is None and self.device.type == "cuda" and torch.cuda.is_available():
                 lane.stream = capture_stream(self.device)  # lane 0 replays where it captured
@@ -253,9 +256,9 @@ class SessionPool:
         returning the objects that hold it — swapped in place around every step
         (trees.SharedState; one lane only, the modules being one set); ``params``: the
         session's values of the contract's session parameters (``{"f_prompt": 200}``;
-        defaults otherwise; ``ParamError`` outside the declared domain). A value's graphs
-        are captured when a lane first runs one of its steps, on that lane, before the
-        step (params.py): never inside another session's step."""
+        defaults otherwise; ``ParamError`` outside the declared domain). A value no lane
+        holds is captured in the background from now on (lane_scheduler.py): never
+        inside a step; until it is, the session's steps run eager."""
         key = resolve(self.binding.decl.params, params)
         above = [(n, v, top) for (n, v), (_, top) in zip(key, self.served[1]) if v > top]
         if above:

@@ -11,12 +11,15 @@ binds, the lane it lands on, or how values are evicted and captured again.
 from __future__ import annotations
 
 import copy
+import threading
+import time
 
 import pytest
 import torch
 
 from duplexcadence.runtime.layouts import moved_view
 from duplexcadence.runtime.params import resolve, shape_at
+from duplexcadence.runtime.sites import get_at
 from duplexcadence.runtime import (
     Aliased,
     CallableDecl,
@@ -204,16 +207,16 @@ def test_sessions_of_different_values_interleave_exactly_and_no_step_captures(la
     binding.unbind()
 
 
-def test_a_step_never_waits_for_a_capture_and_values_follow_their_lanes():
-    """Two lanes, two values, steps in a row: the second value's first step runs eager
-    on the free lane while its capture is queued; once captured, each value's steps go
-    to the lane holding it (affinity), and a value of one session is captured on one
-    lane only."""
+def test_a_value_is_captured_when_its_session_opens_and_values_follow_their_lanes():
+    """Two lanes, two values: the second value is captured when its session opens
+    (before its first step); each value's steps then go to the lane holding it
+    (affinity), and a value of one session among two is captured on one lane only."""
     base = Stream(Net(), 7, DEFAULT)
     binding = bind_contract(base, decl(hold=4), device="cpu", backend="simulate", progress=False)
     pool = binding.sessions(lanes=2, progress=False)
     one = pool.open(_own(base, 1, DEFAULT), seed=1, params={"p": DEFAULT})
     two = pool.open(_own(base, 2, 6), seed=2, params={"p": 6})
+    assert pool.wait_for_captures(10.0)
     out = {1: [], 2: []}
     for i in range(5):
         for seed, s in ((1, one), (2, two)):
@@ -222,8 +225,8 @@ def test_a_step_never_waits_for_a_capture_and_values_follow_their_lanes():
     assert all(torch.equal(a, b) for a, b in zip(out[1], solo_stock(1, DEFAULT, 5)))
     assert all(torch.equal(a, b) for a, b in zip(out[2], solo_stock(2, 6, 5)))
     st = binding.stats()["sessions"]
-    assert st["affinity_misses"] == 1 and st["background_captures"] == 1  # p=6, once
-    assert st["affinity_hits"] == 9
+    assert st["affinity_misses"] == 0 and st["background_captures"] == 1  # p=6, once
+    assert st["affinity_hits"] == 10
     held = [set(lane["held"]) for lane in binding.stats()["params"]["lanes"]]
     assert sum("p=6" in h for h in held) == 1
     binding.unbind()
@@ -453,3 +456,38 @@ def test_a_lanes_graphs_are_evicted_past_its_memory_budget():
     assert held.graph_bytes() == 200 and held.evictions == 1
     alone = ValueGraphs(hold=None, budget_bytes=10)
     assert alone.put(keys[0], {"step": Engine(100)}) == []  # the value in use always stays
+
+
+def test_a_background_capture_lets_waiting_eager_steps_run_between_its_classes():
+    """A capture holds the eager lock (it swaps its lane's regions into the model's
+    sites); between two classes it lets a waiting eager section run, with the sites
+    back at the eager scratch, then takes the lock and its sites up again."""
+    base = Stream(Net(), 5, DEFAULT)
+    binding = bind_contract(base, decl(), device="cpu", backend="simulate", progress=False)
+    pool = binding.sessions(lanes=2, progress=False)
+    capturing_lane, stepping_lane = pool.lanes[1], pool.lanes[0]
+    site = next(r.site for r in binding.decl.regions.values() if r.install == "allocate")
+    scratch = get_at(base, site)
+    events: list = []
+    entered = threading.Event()
+
+    def eager_step() -> None:
+        entered.set()
+        with binding.eager_section(stepping_lane):
+            events.append(("step", get_at(base, site) is scratch))
+
+    with binding.capturing(capturing_lane) as section:
+        assert get_at(base, site) is not scratch  # the capturing lane's region
+        step = threading.Thread(target=eager_step)
+        step.start()
+        entered.wait(5)
+        while not binding.eager_waiting:
+            time.sleep(0.001)
+        events.append("class 1")
+        section.pause()
+        step.join(5)
+        events.append(("class 2", get_at(base, site) is not scratch))
+    assert events == ["class 1", ("step", True), ("class 2", True)]
+    assert section.pauses == 1 and get_at(base, site) is scratch
+    section.pause()  # nobody waits: a no-op
+    binding.unbind()
