@@ -17,7 +17,8 @@ voice per user, a pool meets many values; what the scheduler guarantees:
   all of them), from the moment its first session opens (its capture runs while the
   session primes) and whenever a step of it ran eager. The capture thread takes the
   least loaded free lane that does not hold it out of rotation between steps — steps
-  first: it takes one only when no step waits, or after ``patience_s`` — captures the
+  first: it takes one only when no step waits, or after ``patience_s``, when the next
+  lane released is its — captures the
   value there (``capture(lane, key)``, one class at a time under the eager lock:
   binding.CaptureSection; the lane's least recently used value is evicted past its
   hold or graph budget) and puts the lane back.
@@ -54,7 +55,7 @@ class LaneScheduler:
         timeout_s: float,
         held: Callable[[Any], frozenset | None],
         capture: Callable[[Any, Hashable], None] | None,
-        patience_s: float = 1.0,
+        patience_s: float = 0.2,
         affinity_patience_s: float = 0.3,
     ) -> None:
         """``held(lane)``: the values whose graphs ``lane`` holds (None: every value, a
@@ -76,6 +77,7 @@ class LaneScheduler:
         self._open: Counter = Counter()  # open sessions per value
         self._wanted: OrderedDict[Hashable, Any] = OrderedDict()  # value -> lane hint
         self._capturing: set[Hashable] = set()
+        self._due: Hashable | None = None  # a capture past its patience: lanes go to it
         self._failed: set[Hashable] = set()  # a value whose capture raised runs eager
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -151,16 +153,19 @@ class LaneScheduler:
         is shorter than an eager step) and lets later steps pass; after that, or when
         no lane holds its value, it takes any free lane and runs eager."""
         now = time.perf_counter()
+        due = self._due
         for ticket, (key, t0) in list(self._waiting.items()):
-            if not self._free:
+            # a due capture's lanes (those not holding its value) are not for steps
+            free = [lane for lane in self._free if due is None or self.holds(lane, due)]
+            if not free:
                 return
-            holding = [lane for lane in self._free if self.holds(lane, key)]
+            holding = [lane for lane in free if self.holds(lane, key)]
             if holding:
                 lane, hit = holding[0], True
             elif self._lanes_holding(key) and now - t0 < self.affinity_patience_s:
                 continue
             else:
-                lane, hit = self._free[0], False
+                lane, hit = free[0], False
             self._free.remove(lane)
             del self._waiting[ticket]
             self._granted[ticket] = (lane, hit)
@@ -236,6 +241,7 @@ class LaneScheduler:
         stopped. Waits (lock held, released while waiting)."""
         since: dict[Hashable, float] = {}
         while not self._stopped:
+            self._due = None
             for key, hint in list(self._wanted.items()):
                 if self._lanes_holding(key) >= self._lanes_wanted(key):
                     del self._wanted[key]  # its sessions closed, or enough lanes hold it
@@ -247,13 +253,19 @@ class LaneScheduler:
                     self._free.remove(lane)
                     del self._wanted[key]
                     self._capturing.add(key)
+                    self._due = None
                     return lane, key
+                if waited >= self.patience_s and self._due is None:
+                    # past its patience the capture is due: no step is granted a lane it
+                    # could take (under load every released lane would go to a step)
+                    self._due = key
             self._cond.wait(0.05 if self._wanted else None)
         return None
 
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
+            self._due = None
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=600)

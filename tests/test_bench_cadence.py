@@ -137,7 +137,7 @@ def test_metrics_and_arm_summary():
 def test_budget_skips_what_does_not_fit(monkeypatch, tmp_path):
     launched = []
 
-    def fake_launch(wl, args, arm, groups, unpaced):
+    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
         launched.append((arm, len(groups), unpaced))
         n = sum(map(len, groups))
         chunks = {"k": [0] * n, "latency_ms": [10.0] * n}
@@ -219,7 +219,7 @@ def test_sessions_are_no_result_against_references_that_move(monkeypatch, tmp_pa
     so no arm's sessions count as exact."""
     runs = []
 
-    def fake_launch(wl, args, arm, groups, unpaced):
+    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
         runs.append(arm)
         again = arm == "stock_procs" and runs.count("stock_procs") == 2
         n = sum(map(len, groups))

@@ -132,3 +132,24 @@ def test_an_overloaded_pool_refuses_after_its_timeout():
     with pytest.raises(NoLaneAvailable, match="within 0.2 s"):
         s.acquire("v")
     s.stop()
+
+
+def test_under_load_a_capture_past_its_patience_gets_the_next_lane_released():
+    """Steps always waiting, one lane each time: the capture still gets a lane once it
+    has waited ``patience_s``, before the waiting steps."""
+    lanes = Lanes({"a": {"w"}, "b": {"w"}})
+    s = scheduler(lanes, patience_s=0.1, affinity_patience_s=0.0)
+    s.opened("w")
+    s.opened("w")
+    s.opened("w")
+    held = [s.acquire("w")[0], s.acquire("w")[0]]  # both lanes busy
+    s.opened("v")  # wants a lane; none free
+    got: list = []
+    waiting = threading.Thread(target=lambda: got.append(s.acquire("w")))
+    waiting.start()
+    time.sleep(0.2)  # the capture is due now
+    s.release(held[0])  # the step waiting must not take it
+    assert s.idle(5) and lanes.captured == [(held[0], "v")]
+    waiting.join(5)
+    assert got and got[0][0] == held[0]  # it ran after the capture, on the lane back
+    s.stop()

@@ -85,9 +85,20 @@ def worker_cmd(args: argparse.Namespace, arm: str, sessions: list[int], extra: l
     return cmd + (["--threads", str(args.threads)] if args.threads else []) + extra
 
 
-def launch(wl: Any, args: argparse.Namespace, arm: str, groups: list, unpaced: bool) -> list:
-    """Run one worker per group of sessions, all released together; their results."""
+def launch(
+    wl: Any,
+    args: argparse.Namespace,
+    arm: str,
+    groups: list,
+    unpaced: bool,
+    limit_s: float | None = None,
+) -> list:
+    """Run one worker per group of sessions, all released together; their results.
+    ``limit_s``: what is left of the sweep's time budget (a run that overruns it, say
+    a pool whose backlog never drains, fails as late; the sweep writes what it has)."""
     timeout = args.setup_timeout + args.duration + GRACE_S
+    if limit_s is not None:
+        timeout = max(GRACE_S, min(timeout, limit_s))
     with tempfile.TemporaryDirectory() as tmp:
         go, procs = Path(tmp, "go"), []
         for g, sessions in enumerate(groups):
@@ -167,6 +178,7 @@ class Sweep:
             self.adopt_references(res)
             self.runs.append({**res, "arm": arm, "n": len(g), "reference": True, "workload": name})
         self.check_references(todo[: self.args.reference_repeats])
+        self.write(complete=False)  # the references survive a run that overruns
 
     def check_references(self, sessions: list[int]) -> None:
         """Solo runs of ``sessions`` once more, each in a fresh process: a session is only
@@ -197,7 +209,7 @@ class Sweep:
     def run(self, arm: str, n: int) -> dict:
         groups = [list(range(n))] if self.wl.arm(arm).shape == "inproc" else [[i] for i in range(n)]
         print(f"bench.cadence: {arm} N={n} ({self.left():.0f} s left)", file=sys.stderr)
-        results = launch(self.wl, self.args, arm, groups, unpaced=False)
+        results = launch(self.wl, self.args, arm, groups, unpaced=False, limit_s=self.left())
         if arm == self.wl.reference and self.wl.arm(arm).shape == "procs":
             for r in results:
                 self.adopt_references(r)
