@@ -28,6 +28,7 @@ import torch
 
 from duplexcadence.runtime.backend import drawing_from
 from duplexcadence.runtime.determinism import restore_settings
+from duplexcadence.runtime.eager_lock import EagerLock
 from duplexcadence.runtime.regions import Region
 from duplexcadence.runtime.sites import Step, format_path, get_at, require_sites, set_at
 from duplexcadence.runtime.telemetry import LOGGER
@@ -63,15 +64,13 @@ class Binding:
         self.declared: dict[str, str] = {}  # region -> why nothing was allocated
         self.constants: dict[str, str] = {}  # host constant -> what was done
         self.folds: list[Any] = []  # folds.FoldedSite, applied first, restored last
-        self.eager_lock = threading.RLock()
+        self.eager_lock = EagerLock()  # first come first served (eager_lock.py)
         self.plain_lock = threading.RLock()  # callers without a session, one at a time
         self.pool: Any = None  # the SessionPool, once sessions are served
         self.site_rebinds = 0
         # eager sections' waits for the eager lock (a capture holds it for its catalog):
         # how long sessions' eager steps queued behind captures and each other
         self.eager_waits = {"sections": 0, "wait_s": 0.0, "max_wait_s": 0.0}
-        self.eager_waiting = 0  # threads waiting for the eager lock now (CaptureSection)
-        self._waiting_lock = threading.Lock()
         self._site_tensors: dict[str, Any] = {}  # region -> the tensor kept at its site
         self._eager_done: Any = None  # CUDA event: the last eager section's device work
         self._undo: list[tuple[Any, tuple[Step, ...], Any]] = []
@@ -177,13 +176,7 @@ class Binding:
             yield
             return
         t0 = time.perf_counter()
-        with self._waiting_lock:
-            self.eager_waiting += 1
-        try:
-            self.eager_lock.acquire()
-        finally:
-            with self._waiting_lock:
-                self.eager_waiting -= 1
+        self.eager_lock.acquire()
         try:
             with drawing_from(self.device, lane.rng):
                 waited = time.perf_counter() - t0
@@ -420,12 +413,16 @@ class CaptureSection:
         self._kept: dict[str, Any] = {}
         # only the outermost hold can let go: a capture inside a caller's eager
         # section (a plain binding's first use of a value) keeps the lock it came with
-        self._outermost = not _holds(binding.eager_lock)
+        self._outermost = not binding.eager_lock.held_here()
 
-    def enter(self) -> None:
+    def enter(self, *, locked: bool = False) -> None:
         b, lane = self.binding, self.lane
         stack = ExitStack()
-        stack.enter_context(b.eager_lock)
+        # the lock is released last, after the generator and the sites are back
+        if locked:  # ``pause``: held already, handed back to this section
+            stack.callback(b.eager_lock.release)
+        else:
+            stack.enter_context(b.eager_lock)
         stack.enter_context(drawing_from(b.device, lane.rng))
         self._stack = stack
         if b.device.type == "cuda":
@@ -451,16 +448,16 @@ class CaptureSection:
             stack.close()
 
     def pause(self) -> None:
-        """Let the eager sections waiting for the lock run, then hold it again (a no-op
-        unless this is the thread's outermost hold and somebody waits)."""
-        if not self._outermost or not self.binding.eager_waiting:
+        """Hand the eager lock to the next waiting eager section and take it back right
+        after it (eager_lock.py), the sites and the generator put back meanwhile; a no-op
+        unless this is the thread's outermost hold and somebody waits."""
+        lock = self.binding.eager_lock
+        if not self._outermost or not lock.waiting():
             return
+        lock.acquire()  # held across exit(): the hand-over gives it away, once
         self.exit()
+        try:
+            lock.hand_over()
+        finally:
+            self.enter(locked=True)
         self.pauses += 1
-        time.sleep(0.001)  # the waiters take the lock before this thread asks again
-        self.enter()
-
-
-def _holds(lock: Any) -> bool:
-    """Whether this thread holds the RLock ``lock``."""
-    return bool(lock._is_owned())

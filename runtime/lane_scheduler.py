@@ -14,8 +14,8 @@ voice per user, a pool meets many values; what the scheduler guarantees:
   a lane or waits for a capture.
 * A value is *wanted* on as many lanes as its share of the open sessions needs
   (``_lanes_wanted``: a voice of one session among many on one lane, the only value on
-  all of them), from the moment its first session opens (its capture runs while the
-  session primes) and whenever a step of it ran eager. The capture thread takes the
+  all of them): on one lane from the moment its first session opens (its capture runs
+  while the session primes), on more whenever a step of it ran eager. The capture thread takes the
   least loaded free lane that does not hold it out of rotation between steps — steps
   first: it takes one only when no step waits, or after ``patience_s``, when the next
   lane released is its — captures the
@@ -99,7 +99,11 @@ class LaneScheduler:
         capture runs while the session primes, before its first step is due."""
         with self._cond:
             self._open[key] += 1
-            self._want(key, None)
+            if not self._lanes_holding(key):
+                # one lane to start with; more only if its steps find it busy (a share
+                # taken at open is too large early in a ramp: the H200 voices run put
+                # the first voice on two lanes while later voices waited)
+                self._want(key, None)
 
     def closed(self, key: Hashable) -> None:
         with self._cond:

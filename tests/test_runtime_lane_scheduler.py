@@ -83,19 +83,28 @@ def test_later_steps_pass_a_step_waiting_for_its_lane():
 
 
 def test_a_value_is_captured_when_its_first_session_opens_on_the_least_loaded_lane():
-    lanes = Lanes({"a": {"v"}, "b": set(), "c": {"w"}}, block_captures=True)
+    lanes = Lanes({"a": {"v"}, "b": set(), "c": {"w"}})
     s = scheduler(lanes)
-    s.opened("v")  # its capture starts at once, on the lane that serves nobody
+    for key in ("v", "v", "w"):  # held already: nothing to capture at open
+        s.opened(key)
+    assert s.idle(5) and lanes.captured == []
+    s.opened("x")  # new: captured now, on "b", the lane that serves nobody
+    assert s.idle(5) and lanes.captured == [("b", "x")]
+    assert s.acquire("x") == ("b", True)
+    s.stop()
+
+
+def test_more_lanes_for_a_value_only_when_its_steps_find_its_lane_busy():
+    lanes = Lanes({"a": {"v"}, "b": set()})
+    s = scheduler(lanes, affinity_patience_s=0.0)
+    s.opened("v")  # the only value: its share is both lanes, but one holds it already
     s.opened("v")
-    s.opened("w")
-    lanes.release_capture.set()
-    assert s.idle(5)
-    # "v" (2 of 3 open sessions) wants 2 lanes, "w" one: "v" goes to "b", the empty lane
-    assert lanes.captured == [("b", "v")]
-    s.opened("x")
-    assert s.idle(5)
-    assert lanes.captured[-1][1] == "x" and s.stats()["background_captures"] == 2
-    assert s.acquire("x") == (lanes.captured[-1][0], True)
+    assert s.idle(5) and lanes.captured == []
+    s.acquire("v")  # "a"
+    lane, hit = s.acquire("v")  # "a" busy: eager on "b", and "v" wanted there
+    assert (lane, hit) == ("b", False)
+    s.release("b")
+    assert s.idle(5) and lanes.captured == [("b", "v")]
     s.stop()
 
 

@@ -481,7 +481,7 @@ def test_a_background_capture_lets_waiting_eager_steps_run_between_its_classes()
         step = threading.Thread(target=eager_step)
         step.start()
         entered.wait(5)
-        while not binding.eager_waiting:
+        while not binding.eager_lock.waiting():
             time.sleep(0.001)
         events.append("class 1")
         section.pause()
