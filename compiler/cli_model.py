@@ -76,6 +76,7 @@ def cmd_verify(args) -> int:
             device=args.device,
             backend=args.backend,
             reference_check=args.reference == "copies",
+            allow_eager=args.allow_eager,
         )
     finally:
         if compiled is not None:  # the package compiled here: its temporary folder goes
@@ -211,6 +212,11 @@ def add_model_commands(sub) -> None:
         default="copies",
         help="first check that two stock copies reproduce each other over the chunks "
         "(default copies; `clockc reproduce` finds where they part)",
+    )
+    verify.add_argument(
+        "--allow-eager",
+        action="store_true",
+        help="accept a callable declared `replay` that never replayed (exact, but eager)",
     )
     verify.add_argument("--format", choices=("text", "json"), default="text")
     verify.set_defaults(func=cmd_verify)

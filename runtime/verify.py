@@ -94,24 +94,47 @@ class Verdict:
     replay: dict[str, dict] = field(default_factory=dict)  # callable -> calls, hits, misses
     report: str = ""  # the bound copy's binding.report()
     reference: dict | None = None  # two stock copies compared first (reproduce.py), if asked
+    allow_eager: bool = False  # a callable declared `replay` that never replayed is accepted
+
+    @property
+    def never_replayed(self) -> dict[str, str]:
+        """Callables the contract declares `replay` that were called and never replayed:
+        exact, but the contract does not do what it says (a wrong hop, an unkeyable
+        argument); each with its first miss explained."""
+        out = {}
+        for name, r in self.replay.items():
+            if r.get("declared_eager") or not r["calls"] or r["hits"]:
+                continue
+            reason = max(r["misses"], key=r["misses"].get) if r["misses"] else "?"
+            detail = (r.get("miss_details") or {}).get(reason, "")
+            out[name] = f"{reason}" + (f": {detail}" if detail else "")
+        return out
 
     @property
     def ok(self) -> bool:
-        return self.divergence is None and self.compared == self.chunks
+        exact = self.divergence is None and self.compared == self.chunks
+        return exact and (self.allow_eager or not self.never_replayed)
 
     def describe(self) -> str:
         if self.divergence is not None:
             lines = [self.divergence.describe()]
         else:
             what = ", ".join(self.regions) or "none"
+            head = "verified" if self.ok else "NOT verified (a callable never replayed):"
             lines = [
-                f"verified {self.compared}/{self.chunks} chunks of {self.contract} on "
+                f"{head} {self.compared}/{self.chunks} chunks of {self.contract} on "
                 f"{self.device}: every output and every state region ({what}) bit-identical "
                 "to the stock copy"
             ]
         if self.reference is not None and self.reference.get("reproducible"):
             lines.append(
                 f"  reference: two stock copies reproduce each other over {self.chunks} chunks"
+            )
+        for name, why in self.never_replayed.items():
+            verdict = "accepted (--allow-eager)" if self.allow_eager else "not verified"
+            lines.append(
+                f"  {verdict}: callable {name} is declared `replay` but none of its calls "
+                f"replayed; first miss {why}"
             )
         for name, why in self.skipped_regions.items():
             lines.append(f"  region {name} not compared: {why}")
@@ -139,12 +162,14 @@ def verify_stream(
     device: str | torch.device | None = None,
     backend: str | None = None,
     reference_check: bool = False,
+    allow_eager: bool = False,
 ) -> Verdict:
     """Stream ``chunks`` chunks through a stock copy and a copy bound with ``bind``
     (a generated adapter's ``bind``) and compare them (see module docstring). With
     ``reference_check`` two stock copies are compared first (reproduce.py); if they
     differ, the bound copy is not compared: no verdict holds against a reference that
-    moves."""
+    moves. A callable declared `replay` none of whose calls replayed fails the verdict
+    unless ``allow_eager``."""
     if chunks < 1:
         raise ValueError(f"chunks must be at least 1, got {chunks}")
     device = torch.device(device if device is not None else spec.device)
@@ -169,7 +194,7 @@ def verify_stream(
             return verdict
     stock, bound = spec.build(), spec.build()
     binding = bind(bound, device=device, backend=backend, progress=False)
-    verdict = Verdict(binding.contract, str(device), backend, chunks)
+    verdict = Verdict(binding.contract, str(device), backend, chunks, allow_eager=allow_eager)
     if reference is not None:
         verdict.reference = reference.to_json()
     state_regions = []
@@ -202,7 +227,13 @@ def verify_stream(
         bound_stream.close()
         rng.restore()
     for name, s in binding.stats()["callables"].items():
-        verdict.replay[name] = {"calls": s["calls"], "hits": s["hits"], "misses": s["misses"]}
+        verdict.replay[name] = {
+            "calls": s["calls"],
+            "hits": s["hits"],
+            "misses": s["misses"],
+            "miss_details": s.get("miss_details", {}),
+            "declared_eager": name in binding.eager,
+        }
     verdict.report = binding.report()
     return verdict
 

@@ -30,8 +30,26 @@ def correct():
 def test_correct_contract_verifies_and_replays_every_chunk(correct):
     verdict = verify_stream(correct.bind, tiny.stream(), 20)
     assert verdict.ok and verdict.compared == 20 and verdict.regions == ["kv0", "kv1"]
-    assert verdict.replay["step"] == {"calls": 20, "hits": 20, "misses": {}}
-    assert "bit-identical" in verdict.describe()
+    step = verdict.replay["step"]
+    assert (step["calls"], step["hits"], step["misses"]) == (20, 20, {})
+    assert "bit-identical" in verdict.describe() and not verdict.never_replayed
+
+
+def test_a_callable_that_never_replays_fails_the_verdict_unless_eager_is_allowed(correct):
+    """Exact is not enough: a contract under which its `replay` callable never replays
+    (here every call refused) does not do what it says, and verify says which and why."""
+    from duplexcadence.runtime.controls import replay_switch
+
+    with replay_switch(False):
+        verdict = verify_stream(correct.bind, tiny.stream(), 4)
+        allowed = verify_stream(correct.bind, tiny.stream(), 4, allow_eager=True)
+    assert verdict.divergence is None and verdict.compared == 4  # exact, still
+    assert not verdict.ok and set(verdict.never_replayed) == {"step"}
+    assert verdict.never_replayed["step"].startswith("disabled")
+    text = verdict.describe()
+    assert text.startswith("NOT verified") and "none of its calls replayed" in text
+    assert allowed.ok and "accepted (--allow-eager)" in allowed.describe()
+    assert verdict.to_json()["ok"] is False
 
 
 def test_window_shorter_than_the_model_keeps_is_named_at_its_first_chunk():
@@ -84,7 +102,8 @@ def test_short_chunk_misses_once_and_replay_resumes(correct):
     next call, and replay hands back outputs in the eager layout, so 19/20 replay."""
     verdict = verify_stream(correct.bind, tiny.short_chunk_stream(), 20)
     assert verdict.ok
-    assert verdict.replay["step"] == {"calls": 20, "hits": 19, "misses": {"signature": 1}}
+    step = verdict.replay["step"]
+    assert (step["calls"], step["hits"], step["misses"]) == (20, 19, {"signature": 1})
     assert "call 11 ran eager (signature): args[0]: shape captured (1, 32, 4), live (1, 32, 3)" in (
         verdict.report
     )
@@ -214,6 +233,17 @@ def test_cli_verify_passes_a_correct_contract(contract_file, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "verified 20/20 chunks" in out and "19/20 calls replayed (simulate)" in out
+
+
+def test_cli_verify_exits_1_when_nothing_replays_and_0_with_allow_eager(
+    contract_file, capsys, monkeypatch
+):
+    path = contract_file(tiny.CONTRACT)
+    monkeypatch.setenv("DUPLEXCADENCE_DISABLE_REPLAY", "1")
+    argv = ["verify", path, "--stream", "tiny_stream_model:stream", "--chunks", "3"]
+    assert cli.main(argv) == 1
+    assert "callable step is declared `replay` but none" in capsys.readouterr().out
+    assert cli.main([*argv, "--allow-eager"]) == 0
 
 
 def test_cli_verify_names_the_divergence_in_json(contract_file, capsys):
