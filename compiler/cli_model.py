@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from duplexcadence.compiler.cli import (
     UsageError,
@@ -27,6 +29,7 @@ from duplexcadence.compiler.cli import (
     _print_diagnostics,
     _write,
 )
+from duplexcadence.dsl.diagnostics import render
 
 
 def _load_user_stream(target: str):
@@ -49,7 +52,7 @@ def cmd_verify(args) -> int:
     The runtime is imported here, not at module import: check, compile and plan work
     without torch, and the compiler depends on the runtime only for this command."""
     from duplexcadence.compiler.loader import LoadError, forget, load_adapter
-    from duplexcadence.runtime.verify import verify_stream
+    from duplexcadence.runtime.verify import BindRefused, verify_stream
 
     if args.chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
@@ -78,6 +81,16 @@ def cmd_verify(args) -> int:
             reference_check=args.reference == "copies",
             allow_eager=args.allow_eager,
         )
+    except BindRefused as exc:
+        refused = bind_refused(str(exc), compiled)
+        entry.update(ok=False, verify=None)
+        entry["diagnostics"] = entry["diagnostics"] + [refused.to_json(args.contract)]
+        if args.format == "json":
+            print(_document("verify", [entry]))
+        else:
+            source = compiled.source if compiled is not None else ""
+            print(render([refused], args.contract, source), file=sys.stderr)
+        return 1
     finally:
         if compiled is not None:  # the package compiled here: its temporary folder goes
             forget(adapter)
@@ -89,6 +102,27 @@ def cmd_verify(args) -> int:
         if args.report:
             print(verdict.report)
     return 0 if verdict.ok else 1
+
+
+def bind_refused(message: str, compiled: Any) -> Any:
+    """bind()'s refusal as a CLK090 diagnostic at the declaration it names: the region or
+    callable named first in the message (its `site` line when the message is about a
+    site); the file itself when it names none, or when the target was a package."""
+    from duplexcadence.dsl.diagnostics import error
+
+    span = None
+    contract = compiled.contract if compiled is not None else None
+    if contract is not None:
+        named = []
+        for decl in (*contract.regions, *contract.callables):
+            hit = re.search(rf"\b{re.escape(decl.name)}\b", message)
+            if hit:
+                named.append((hit.start(), decl))
+        if named:
+            decl = min(named, key=lambda pair: pair[0])[1]
+            about_site = "site" in message and "site" in decl.prop_spans
+            span = decl.prop_spans["site"] if about_site else decl.span
+    return error("CLK090", f"bind() refused the model: {message}", span)
 
 
 def cmd_draft(args) -> int:

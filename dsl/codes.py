@@ -13,6 +13,7 @@ that table equal to `markdown_table()`). Codes are grouped by hundreds and tens:
   CLK06x  common syntax mistakes, recognised by example
   CLK07x  ambient states a callable is captured under
   CLK08x  session parameters: domains, and what may depend on them
+  CLK09x  binding the model: what bind() found on it (clockc verify)
   CLK5xx  warnings: the contract is valid but something is likely unintended
 """
 
@@ -381,6 +382,13 @@ _CODES = [
         "error",
         "stock tensor cannot hold every parameter value",
         "bind() puts a region at its site once, at its largest shape over every session parameter's domain, and reads the stock tensor there once: a region that is the stock tensor (`allocate stock`, `address pinned`) and a carry's dims off its extent axis cannot change shape with a parameter, and an allocated region with a site whose shape does declares `stock` dims that hold its largest shape at every value.",
+    ),
+    # ---- binding the model
+    Code(
+        "CLK090",
+        "error",
+        "the model refused the binding",
+        "`clockc verify` bound the contract to the model and bind() refused it: a site the model does not have, a region whose shape or layout the stock tensor there contradicts, a value outside a domain. The diagnostic points at the declaration the message names (its `site` line where the message is about a site).",
     ),
     # ---- warnings
     Code(

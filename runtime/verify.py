@@ -47,6 +47,11 @@ from .streams import StreamSpec
 STATE_LIFETIMES = frozenset({"turn", "session", "process"})
 
 
+class BindRefused(Exception):
+    """bind() refused the bound copy (a site missing, a shape contradicted): the
+    contract does not fit this model; the CLI shows it at the declaration (CLK090)."""
+
+
 @dataclass(frozen=True)
 class Divergence:
     chunk: int  # 0-based index of the chunk after which the copies differ
@@ -193,7 +198,10 @@ def verify_stream(
             )
             return verdict
     stock, bound = spec.build(), spec.build()
-    binding = bind(bound, device=device, backend=backend, progress=False)
+    try:
+        binding = bind(bound, device=device, backend=backend, progress=False)
+    except (LookupError, ValueError, TypeError, RuntimeError) as exc:
+        raise BindRefused(str(exc)) from exc
     verdict = Verdict(binding.contract, str(device), backend, chunks, allow_eager=allow_eager)
     if reference is not None:
         verdict.reference = reference.to_json()

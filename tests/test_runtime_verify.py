@@ -246,6 +246,22 @@ def test_cli_verify_exits_1_when_nothing_replays_and_0_with_allow_eager(
     assert cli.main([*argv, "--allow-eager"]) == 0
 
 
+def test_cli_verify_shows_a_refused_binding_at_the_declaration(contract_file, capsys):
+    """bind() refusing the model (a site it lacks) is a CLK090 diagnostic at the
+    region's `site` line, not a traceback."""
+    text = tiny.contract(**{'site cache["kv"]["l1"]': 'site cache["kv"]["l9"]'})
+    line = text.splitlines().index('  site cache["kv"]["l9"]') + 1
+    path = contract_file(text)
+    assert cli.main(["verify", path, "--stream", "tiny_stream_model:stream"]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:{line}:3: error[CLK090]: bind() refused the model" in err
+    assert "kv1" in err and "Traceback" not in err
+    rc = cli.main(["verify", path, "--stream", "tiny_stream_model:stream", "--format", "json"])
+    (entry,) = json.loads(capsys.readouterr().out)["contracts"]
+    assert rc == 1 and not entry["ok"]
+    assert [(d["code"], d["line"]) for d in entry["diagnostics"]] == [("CLK090", line)]
+
+
 def test_cli_verify_names_the_divergence_in_json(contract_file, capsys):
     path = contract_file(tiny.contract(**WINDOW_12))
     rc = cli.main(["verify", path, "--stream", "tiny_stream_model:stream", "--format", "json"])
