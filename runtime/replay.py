@@ -438,9 +438,12 @@ class ExactShapeReplay:
             return self._eager(R.CAPTURE_FAILED, args, kwargs, lambda: e.detail)
         for i, buf in e.staged:
             buf.copy_(leaves[i])
+        # a graph runs no Python, so each declared counter moves once, by the engine: a
+        # backend that re-runs the body (the simulate backend) must not move it twice
+        before = [c.value() for c in self.counters]
         e.captured.replay()
-        for counter in self.counters:
-            counter.advance()
+        for counter, value in zip(self.counters, before):
+            counter.write(value + counter.advances)
         e.hits += 1
         self.hits += 1
         return e.plan.hand_back()  # type: ignore[union-attr]

@@ -1,8 +1,9 @@
 """Host counters and pinned regions (runtime/counters.py, runtime/pins.py) on CPU.
 
-The fake backend re-runs the Python body on "replay", so these tests use bodies that
+The fake backend re-runs the Python body on "replay"; most tests here use bodies that
 do not touch the counter themselves (as a real graph would not): what is checked is
-what the engine does around the body.
+what the engine does around the body. One body advances its own counter, as stock code
+does: a replay still moves it once.
 """
 
 from __future__ import annotations
@@ -108,3 +109,37 @@ def test_pin_copies_rebound_value_and_restores_site() -> None:
     state.offsets = torch.zeros(2, dtype=torch.long)
     with pytest.raises(TypeError, match="pinned region offsets"):
         pin_at(model, steps, region)
+
+
+@torch.inference_mode()
+def test_a_body_that_advances_its_own_counter_is_advanced_once_per_replay() -> None:
+    """Stock code advances its counter in the body; a graph would not run that Python, the
+    simulate backend does: the counter moves by its declared step once per call either
+    way (it moved twice, 12 vs 10, before the engine owned the advance)."""
+    state = types.SimpleNamespace(steps=2)
+
+    def body(x):
+        state.steps += 1  # the stock code's own bookkeeping
+        return x * 2
+
+    counter = HostCounter(
+        "state.steps",
+        read=lambda: state.steps,
+        write=lambda v: setattr(state, "steps", v),
+        advances=1,
+        start=2,
+    )
+    engine = ExactShapeReplay(
+        body,
+        name="step",
+        classes=[CaptureClass("-", (TensorSpec((3,), torch.float32),))],
+        regions={},
+        declared_effect=Effect.NONE,
+        device="cpu",
+        backend=FakeGraphBackend(),
+        counters=[counter],
+    ).capture_all(progress=False)
+    assert state.steps == 2  # capture's calls put it back
+    for _ in range(8):
+        engine(torch.arange(3.0))
+    assert engine.hits == 8 and state.steps == 10
