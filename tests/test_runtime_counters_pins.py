@@ -35,10 +35,12 @@ def _reset_controls(monkeypatch):
     set_replay_enabled(None)
 
 
-def _engine(state, seen):
-    def body(x):
+def _engine(state, seen, body=None):
+    def observing(x):
         seen.append(state.steps)  # the branch the stock code would take
         return x * 2
+
+    body = body or observing
 
     counter = HostCounter(
         "state.steps",
@@ -115,30 +117,14 @@ def test_pin_copies_rebound_value_and_restores_site() -> None:
 def test_a_body_that_advances_its_own_counter_is_advanced_once_per_replay() -> None:
     """Stock code advances its counter in the body; a graph would not run that Python, the
     simulate backend does: the counter moves by its declared step once per call either
-    way (it moved twice, 12 vs 10, before the engine owned the advance)."""
+    way (it moved twice per call, 18 here, before the engine owned the advance)."""
     state = types.SimpleNamespace(steps=2)
 
     def body(x):
         state.steps += 1  # the stock code's own bookkeeping
         return x * 2
 
-    counter = HostCounter(
-        "state.steps",
-        read=lambda: state.steps,
-        write=lambda v: setattr(state, "steps", v),
-        advances=1,
-        start=2,
-    )
-    engine = ExactShapeReplay(
-        body,
-        name="step",
-        classes=[CaptureClass("-", (TensorSpec((3,), torch.float32),))],
-        regions={},
-        declared_effect=Effect.NONE,
-        device="cpu",
-        backend=FakeGraphBackend(),
-        counters=[counter],
-    ).capture_all(progress=False)
+    engine = _engine(state, [], body).capture_all(progress=False)
     assert state.steps == 2  # capture's calls put it back
     for _ in range(8):
         engine(torch.arange(3.0))
