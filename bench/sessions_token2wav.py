@@ -46,7 +46,7 @@ MODEL_SEED = 0
 VOICES = 4  # distinct voice prompts among the sessions (a voice primes once per process)
 CONTRACT = "stepaudio2_token2wav"
 # the trace's ``--voices five``: five voices of five prompt lengths (mel frames), the
-# lengths a mixed-voice run first broke the pool with (bench/results/voices_h200)
+# lengths a mixed-voice run first broke the pool with (issue 22)
 FIVE_VOICES = (150, 222, 302, 388, 544)
 # per lane, for the graphs of the values it holds (the adapter arms)
 GRAPH_BUDGET_MIB = 1024
