@@ -29,7 +29,7 @@ from duplexcadence.compiler.cli import (
     _print_diagnostics,
     _write,
 )
-from duplexcadence.dsl.diagnostics import render
+from duplexcadence.dsl.diagnostics import error, render
 
 
 def _load_user_stream(target: str):
@@ -108,8 +108,6 @@ def bind_refused(message: str, compiled: Any) -> Any:
     """bind()'s refusal as a CLK090 diagnostic at the declaration it names: the region or
     callable named first in the message (its `site` line when the message is about a
     site); the file itself when it names none, or when the target was a package."""
-    from duplexcadence.dsl.diagnostics import error
-
     span = None
     contract = compiled.contract if compiled is not None else None
     if contract is not None:

@@ -176,27 +176,23 @@ class Binding:
             yield
             return
         t0 = time.perf_counter()
-        self.eager_lock.acquire()
-        try:
-            with drawing_from(self.device, lane.rng):
-                waited = time.perf_counter() - t0
-                w = self.eager_waits
-                w["sections"] += 1
-                w["wait_s"] += waited
-                w["max_wait_s"] = max(w["max_wait_s"], waited)
-                # inside a capture (a value's first use in a session's run) the device is
-                # already ordered (capturing() synchronised) and an event is out of bounds
-                cuda = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
-                if cuda and self._eager_done is not None:
-                    torch.cuda.current_stream(self.device).wait_event(self._eager_done)
-                yield
-                self._check_sites()
-                if cuda:
-                    done = torch.cuda.Event()
-                    done.record(torch.cuda.current_stream(self.device))
-                    self._eager_done = done
-        finally:
-            self.eager_lock.release()
+        with self.eager_lock, drawing_from(self.device, lane.rng):
+            waited = time.perf_counter() - t0
+            w = self.eager_waits
+            w["sections"] += 1
+            w["wait_s"] += waited
+            w["max_wait_s"] = max(w["max_wait_s"], waited)
+            # inside a capture (a value's first use in a session's run) the device is
+            # already ordered (capturing() synchronised) and an event is out of bounds
+            cuda = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+            if cuda and self._eager_done is not None:
+                torch.cuda.current_stream(self.device).wait_event(self._eager_done)
+            yield
+            self._check_sites()
+            if cuda:
+                done = torch.cuda.Event()
+                done.record(torch.cuda.current_stream(self.device))
+                self._eager_done = done
 
     def keep_sites(self) -> None:
         """Record what is at every allocated region's site now: from here on stock code
@@ -415,16 +411,37 @@ class CaptureSection:
         # section (a plain binding's first use of a value) keeps the lock it came with
         self._outermost = not binding.eager_lock.held_here()
 
-    def enter(self, *, locked: bool = False) -> None:
+    def enter(self) -> None:
+        self.binding.eager_lock.acquire()
+        try:
+            self._take_model()
+        except BaseException:
+            self.binding.eager_lock.release()
+            raise
+
+    def exit(self) -> None:
+        self._give_model()
+        self.binding.eager_lock.release()  # last: the generator and the sites are back
+
+    def pause(self) -> None:
+        """Hand the eager lock to the next waiting eager section and take it back right
+        after it (eager_lock.py), the sites and the generator put back meanwhile; a no-op
+        unless this is the thread's outermost hold and somebody waits."""
+        lock = self.binding.eager_lock
+        if not self._outermost or not lock.waiting():
+            return
+        self._give_model()
+        try:
+            lock.hand_over()
+        finally:
+            self._take_model()
+        self.pauses += 1
+
+    def _take_model(self) -> None:
+        """The lane's generator as the device default, its regions at the sites."""
         b, lane = self.binding, self.lane
-        stack = ExitStack()
-        # the lock is released last, after the generator and the sites are back
-        if locked:  # ``pause``: held already, handed back to this section
-            stack.callback(b.eager_lock.release)
-        else:
-            stack.enter_context(b.eager_lock)
-        stack.enter_context(drawing_from(b.device, lane.rng))
-        self._stack = stack
+        self._stack = ExitStack()
+        self._stack.enter_context(drawing_from(b.device, lane.rng))
         if b.device.type == "cuda":
             torch.cuda.synchronize(b.device)
         self._swapped = []
@@ -437,7 +454,7 @@ class CaptureSection:
                     if r.name in b._site_tensors:  # a capture once sessions are served
                         b._site_tensors[r.name] = lane.regions[r.name].tensor
 
-    def exit(self) -> None:
+    def _give_model(self) -> None:
         b = self.binding
         for site, tensor in reversed(self._swapped):
             set_at(b.model, site, tensor)
@@ -446,18 +463,3 @@ class CaptureSection:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
-
-    def pause(self) -> None:
-        """Hand the eager lock to the next waiting eager section and take it back right
-        after it (eager_lock.py), the sites and the generator put back meanwhile; a no-op
-        unless this is the thread's outermost hold and somebody waits."""
-        lock = self.binding.eager_lock
-        if not self._outermost or not lock.waiting():
-            return
-        lock.acquire()  # held across exit(): the hand-over gives it away, once
-        self.exit()
-        try:
-            lock.hand_over()
-        finally:
-            self.enter(locked=True)
-        self.pauses += 1

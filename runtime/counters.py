@@ -8,13 +8,15 @@ counter and the engine does the body's host work itself:
     ``counter_before_start``) — the stock code takes a different branch there;
   * capture: warm-up and capture run with the counter set to ``start`` (the branch
     the graph is for) and the caller's value is restored afterwards;
-  * replay: the counter advances by ``advances``, exactly as the body would have.
+  * replay: the counter advances by ``advances``, exactly as the body would have,
+    once (``replay_advancing``: a backend that re-runs the body, the simulate one,
+    would otherwise move it twice).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 
 @dataclass(frozen=True)
@@ -41,5 +43,21 @@ class HostCounter:
     def ready(self) -> bool:
         return self.value() >= self.start
 
-    def advance(self) -> None:
-        self.write(self.value() + self.advances)
+
+def at_start(counters: Sequence[HostCounter]) -> None:
+    """Every counter at its ``start``: warm-up and capture take the branch the graph is for."""
+    for counter in counters:
+        counter.write(counter.start)
+
+
+def replay_advancing(counters: Sequence[HostCounter], replay: Callable[[], None]) -> None:
+    """Run ``replay`` (one graph launch); then every counter is one step past where it
+    was before. A graph runs no Python, so the step is the engine's; whatever the
+    replay did to a counter (a simulated one re-runs the body) is overwritten."""
+    if not counters:  # the replay hot path of most callables
+        replay()
+        return
+    before = [c.value() for c in counters]
+    replay()
+    for counter, value in zip(counters, before):
+        counter.write(value + counter.advances)

@@ -33,10 +33,12 @@ longest and the total lane wait.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict
 from typing import Any, Callable, Hashable
 
@@ -75,7 +77,7 @@ class LaneScheduler:
         self._granted: dict[int, tuple[Any, bool]] = {}  # ticket -> (lane, holds value)
         self._tickets = itertools.count()
         self._open: Counter = Counter()  # open sessions per value
-        self._wanted: OrderedDict[Hashable, Any] = OrderedDict()  # value -> lane hint
+        self._wanted: dict[Hashable, None] = {}  # values wanted on one more lane, in order
         self._capturing: set[Hashable] = set()
         self._due: Hashable | None = None  # a capture past its patience: lanes go to it
         self._failed: set[Hashable] = set()  # a value whose capture raised runs eager
@@ -103,7 +105,7 @@ class LaneScheduler:
                 # one lane to start with; more only if its steps find it busy (a share
                 # taken at open is too large early in a ramp: the H200 voices run put
                 # the first voice on two lanes while later voices waited)
-                self._want(key, None)
+                self._want(key)
 
     def closed(self, key: Hashable) -> None:
         with self._cond:
@@ -146,7 +148,7 @@ class LaneScheduler:
             c["affinity_hits" if hit else "affinity_misses"] += 1
             if not hit:
                 c["eager_steps"] += 1
-                self._want(key, lane)
+                self._want(key)
             self._cond.notify_all()
             return lane, hit
 
@@ -188,7 +190,7 @@ class LaneScheduler:
             return 0
         return max(1, math.ceil(self._open.get(key, 0) * len(self.lanes) / total))
 
-    def _want(self, key: Hashable, hint: Any) -> None:
+    def _want(self, key: Hashable) -> None:
         """Queue ``key`` for one more lane (the caller holds the lock)."""
         if self._capture is None or key in self._wanted or key in self._capturing:
             return
@@ -196,7 +198,7 @@ class LaneScheduler:
             return
         if self._lanes_holding(key) >= self._lanes_wanted(key):
             return
-        self._wanted[key] = hint
+        self._wanted[key] = None
         self._start()
         self._cond.notify_all()
 
@@ -214,6 +216,10 @@ class LaneScheduler:
                 target=self._capture_loop, name="duplexcadence-capture", daemon=True
             )
             self._thread.start()
+            # a daemon thread still inside a CUDA capture when the interpreter exits
+            # aborts the process ("terminate called without an active exception", seen
+            # on the H200): at exit the capture under way finishes and the thread stops
+            atexit.register(_stop_at_exit, weakref.ref(self))
 
     def _capture_loop(self) -> None:
         while True:
@@ -246,7 +252,7 @@ class LaneScheduler:
         since: dict[Hashable, float] = {}
         while not self._stopped:
             self._due = None
-            for key, hint in list(self._wanted.items()):
+            for key in list(self._wanted):
                 if self._lanes_holding(key) >= self._lanes_wanted(key):
                     del self._wanted[key]  # its sessions closed, or enough lanes hold it
                     continue
@@ -294,3 +300,9 @@ class LaneScheduler:
                 "capturing": len(self._capturing),
                 "values_open": len(self._open),
             }
+
+
+def _stop_at_exit(ref: "weakref.ref[LaneScheduler]") -> None:
+    scheduler = ref()
+    if scheduler is not None:
+        scheduler.stop()

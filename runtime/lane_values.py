@@ -76,10 +76,11 @@ def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> 
             t0 = time.perf_counter()
             with b.capturing(lane) as section:
                 lane._set_retention(key)
-                for engine in engines.values():
+                for i, engine in enumerate(engines.values()):
+                    if i:
+                        section.pause()  # between two engines too, as between classes
                     engine.pool = lane.pool
                     engine.capture_all(progress=progress, between_classes=section.pause)
-                    section.pause()
             lane.values.captures += 1
             lane.values.capture_s += time.perf_counter() - t0
         lane.values.put(key, engines)

@@ -52,7 +52,7 @@ from .ambient import AUTOCAST_OFF, Autocast, ambient_state, describe_difference
 from .backend import CudaGraphBackend, GraphBackend
 from .classes import CaptureClass, materialize, staging_bytes
 from .controls import ReplayMiss, replay_enabled, strict_mode
-from .counters import HostCounter
+from .counters import HostCounter, at_start, replay_advancing
 from .effects import Effect, classify, host_rng_restore, host_rng_snapshot
 from .hoist import HostConstants
 from .outputs import OutputPlan
@@ -311,9 +311,9 @@ class ExactShapeReplay:
         t0 = time.perf_counter()
         if self.like is not None and self.like.effect is not None and self.effect is not None:
             # classified on another lane and this stream already warmed: capture only
-            self._counters_at_start()
+            at_start(self.counters)
             return self._capture_graph(e, t0)
-        self._counters_at_start()
+        at_start(self.counters)
         host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
         b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
         effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
@@ -332,11 +332,11 @@ class ExactShapeReplay:
             return False
         self.effect = effect
         if self.warmup > 1 and not self._warmed:
-            self._counters_at_start()
+            at_start(self.counters)
             b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
             self._restore(snap, buffers=False)
         self._warmed = True
-        self._counters_at_start()
+        at_start(self.counters)
         return self._capture_graph(e, t0)
 
     def _capture_graph(self, e: _Entry, t0: float) -> bool:
@@ -379,11 +379,6 @@ class ExactShapeReplay:
             counter.write(value)
         host_rng_restore(snap["host"])
         self.backend.set_device_rng_state(snap["device"], self.device)
-
-    def _counters_at_start(self) -> None:
-        # warm-up and capture take the branch the graph is for (counters.py)
-        for counter in self.counters:
-            counter.write(counter.start)
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected = reason
@@ -438,12 +433,7 @@ class ExactShapeReplay:
             return self._eager(R.CAPTURE_FAILED, args, kwargs, lambda: e.detail)
         for i, buf in e.staged:
             buf.copy_(leaves[i])
-        # a graph runs no Python, so each declared counter moves once, by the engine: a
-        # backend that re-runs the body (the simulate backend) must not move it twice
-        before = [c.value() for c in self.counters]
-        e.captured.replay()
-        for counter, value in zip(self.counters, before):
-            counter.write(value + counter.advances)
+        replay_advancing(self.counters, e.captured.replay)
         e.hits += 1
         self.hits += 1
         return e.plan.hand_back()  # type: ignore[union-attr]

@@ -105,7 +105,8 @@ class Verdict:
     def never_replayed(self) -> dict[str, str]:
         """Callables the contract declares `replay` that were called and never replayed:
         exact, but the contract does not do what it says (a wrong hop, an unkeyable
-        argument); each with its first miss explained."""
+        argument); each with the reason most of its calls missed for, and the first
+        such miss explained."""
         out = {}
         for name, r in self.replay.items():
             if r.get("declared_eager") or not r["calls"] or r["hits"]:
@@ -139,7 +140,7 @@ class Verdict:
             verdict = "accepted (--allow-eager)" if self.allow_eager else "not verified"
             lines.append(
                 f"  {verdict}: callable {name} is declared `replay` but none of its calls "
-                f"replayed; first miss {why}"
+                f"replayed; missed for {why}"
             )
         for name, why in self.skipped_regions.items():
             lines.append(f"  region {name} not compared: {why}")

@@ -119,13 +119,6 @@ def serve(wl: Any, args: Any, specs: list[SessionSpec], result: dict) -> None:
                 th.join()
         window[1] = time.time()
         result["determinism_ok"] = envelope_holds(determinism_settings(device), wl.determinism)
-    stats = getattr(server, "stats", dict)()
-    # a session pool's capture thread stops before the process exits: one still inside
-    # a CUDA capture at interpreter exit aborts it ("terminate called without an
-    # active exception", seen on the H200 voices run)
-    pool = getattr(getattr(server, "binding", None), "pool", None)
-    if pool is not None:
-        pool.shut_down()
     errors = [c.error for c in clients if c.error]
     rows = [r for c in clients for r in c.rows]
     keys = ("session", "turn", "k", "arrival_s", "latency_ms")
@@ -135,7 +128,7 @@ def serve(wl: Any, args: Any, specs: list[SessionSpec], result: dict) -> None:
         hashes={c.spec.index: c.hashes.record() for c in clients if not c.error},
         open_ms={c.spec.index: c.open_ms for c in clients},
         peak_mib=run_peak_mib(server, device),
-        server=stats,
+        server=getattr(server, "stats", dict)(),
         status="error" if errors else "ok",
     )
     if errors:
