@@ -164,9 +164,9 @@ def test_a_value_outside_the_domain_is_an_error_at_bind_and_open():
 @pytest.mark.parametrize("lanes", [1, 2])
 def test_sessions_of_different_values_interleave_exactly_and_no_step_captures(lanes):
     """Four values on one or two lanes, two held per lane: a step whose value has no
-    graphs on its lane runs eager (exact, counted) and the pool captures the value there
-    between steps; lanes are laid out for the whole domain when the pool opens, so no
-    step grows one either."""
+    graphs on a free lane runs eager (exact, counted) and the pool captures the value
+    between steps (from its session's opening on); lanes are laid out for the whole
+    domain when the pool opens, so no step grows one either."""
     base = Stream(Net(), 99, DEFAULT)
     binding = bind_contract(
         base, decl(hold=2), device="cpu", backend=FakeGraphBackend(), progress=False
@@ -193,11 +193,13 @@ def test_sessions_of_different_values_interleave_exactly_and_no_step_captures(la
     st = step_stats(binding)
     assert set(st["misses"]) <= {"value_not_captured"}, st["misses"]
     assert st["hits"] + st["misses"].get("value_not_captured", 0) == 6 * len(values)
-    assert st["hits"] > 0 and st["misses"].get("value_not_captured", 0) > 0
+    # how many steps ran eager depends on whether a value's capture (started when its
+    # session opened) finished before its first step: any count is exact
+    assert st["hits"] > 0
     params, sessions_stats = binding.stats()["params"], binding.stats()["sessions"]
     assert params["regrows"] == grown_at_open  # no step grew a lane
     assert sessions_stats["background_captures"] >= 3 and sessions_stats["capture_errors"] == 0
-    assert sessions_stats["affinity_misses"] == st["misses"]["value_not_captured"]
+    assert sessions_stats["affinity_misses"] == st["misses"].get("value_not_captured", 0)
     assert sessions_stats["eager_steps"] == sessions_stats["affinity_misses"]
     assert params["evictions"] > 0 and all(len(lane["held"]) <= 2 for lane in params["lanes"])
     assert "eviction" in binding.report() and "captured between steps" in binding.report()
