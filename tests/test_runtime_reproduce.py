@@ -13,13 +13,8 @@ import torch
 
 import tiny_stream_model as T
 import unsteady_model as U
-from duplexcadence.runtime.reproduce import (
-    compare_records,
-    fingerprint,
-    record_trace,
-    reproduce_stream,
-    state_tensors,
-)
+from duplexcadence.runtime.op_trace import fingerprint, state_tensors
+from duplexcadence.runtime.reproduce import compare_records, record_trace, reproduce_stream
 
 TESTS = Path(__file__).parent
 
