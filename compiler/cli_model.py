@@ -151,7 +151,7 @@ def cmd_draft(args) -> int:
 def cmd_reproduce(args) -> int:
     """Two stock copies, the same traffic: does the model reproduce itself, and where
     do the copies first part (runtime/reproduce.py)? Exit 0 reproducible, 1 not."""
-    from duplexcadence.runtime.reproduce import compare_records, record_trace, reproduce_stream
+    from duplexcadence.runtime.reproduce import record_trace, reproduce_stream
 
     if args.chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
