@@ -139,16 +139,15 @@ def test_budget_skips_what_does_not_fit(monkeypatch, tmp_path):
 
     def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
         launched.append((arm, len(groups), unpaced))
-        n = sum(map(len, groups))
-        chunks = {"k": [0] * n, "latency_ms": [10.0] * n}
         return [
             {
                 "status": "ok",
                 "setup_s": 1.0,
-                "chunks": chunks,
+                "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
                 "peak_mib": None,
-                "hashes": {str(i): {"pcm_sha256": "h"} for g in groups for i in g},
+                "hashes": {str(i): {"pcm_sha256": "h"} for i in g},
             }
+            for g in groups
         ]
 
     monkeypatch.setattr(sweep, "launch", fake_launch)
@@ -184,16 +183,14 @@ def test_budget_skips_what_does_not_fit(monkeypatch, tmp_path):
 
     run.run = timed_run
     run.sweep()
-    # the reference, its second solo run (is it reproducible?), then what fits
-    assert launched == [
-        ("stock_procs", 1, True),
-        ("stock_procs", 1, True),
-        ("stock_inproc", 1, False),
-    ]
+    # the reference and its second solo run (is it reproducible?) together, then what fits
+    assert launched == [("stock_procs", 2, True), ("stock_inproc", 1, False)]
     assert [(s["arm"], s["n"]) for s in run.skipped] == [("stock_inproc", 24), ("stock_inproc", 4)]
     doc = run.write(complete=True)
     assert doc["reference_reproducible"] is True
-    assert doc["reference_check"]["sessions"] == {"0": {"status": "ok", "reproducible": True}}
+    check = doc["workloads"]["fake_sessions"]["reference_check"]
+    assert check["sessions"] == {"0": {"status": "ok", "reproducible": True}}
+    assert doc["arms"]["stock_inproc"]["reference_reproducible"] is True
     assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
     assert doc["arms"]["stock_inproc"]["p95_ms_at_16"] == 10.0 and doc["gpu"] is None
 
@@ -217,22 +214,22 @@ def test_pool_counters_come_from_the_servers_stats():
 def test_sessions_are_no_result_against_references_that_move(monkeypatch, tmp_path):
     """A second solo run of a session that answers other bytes: the references move,
     so no arm's sessions count as exact."""
-    runs = []
 
     def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
-        runs.append(arm)
-        again = arm == "stock_procs" and runs.count("stock_procs") == 2
-        n = sum(map(len, groups))
-        return [
-            {
+        seen: set = set()  # a session's second solo run in one launch answers other bytes
+
+        def run(g: list) -> dict:
+            again = bool(seen & set(g))
+            seen.update(g)
+            return {
                 "status": "ok",
                 "setup_s": 1.0,
-                "chunks": {"k": [0] * n, "latency_ms": [10.0] * n},
+                "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
                 "peak_mib": None,
-                "hashes": {str(i): {"pcm_sha256": "moved" if again else "h"} for g in groups
-                           for i in g},  # fmt: skip
+                "hashes": {str(i): {"pcm_sha256": "moved" if again else "h"} for i in g},
             }
-        ]
+
+        return [run(g) for g in groups]
 
     monkeypatch.setattr(sweep, "launch", fake_launch)
     args = cli.parse_args(
@@ -375,3 +372,47 @@ def test_serve_summary_reads_the_serve_arms():
         "serve_gpus_1": {"16": 7.5},
         "serve_gpus_1_grpc": {"16": 2.5},
     }
+
+
+def test_a_resumed_document_keeps_each_workloads_settings_and_reference_check(
+    monkeypatch, tmp_path
+):
+    """Another workload's runs in the document (written before checks were kept per
+    workload): its settings stay its own, and its arms, whose references nobody checked,
+    make the document's verdict unknown, not true."""
+
+    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
+        return [
+            {"status": "ok", "setup_s": 1.0, "peak_mib": None,
+             "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
+             "hashes": {str(i): {"pcm_sha256": "h"} for i in g}}
+            for g in groups
+        ]  # fmt: skip
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    other = {"seed": 0, "duration_s": 60.0, "period_s": 1.0, "deadline_ms": 1000.0,
+             "ramp_s": 10.0, "references": [16, 44]}  # fmt: skip
+    prior = {
+        "workload": "token2wav",
+        "settings": other,
+        "arms": {"adapter_lanes": {"workload": "token2wav", "shape": "inproc", "what": "x"}},
+        "runs": [{"arm": "adapter_lanes", "n": 16, "status": "ok", "misses": 0, "run_s": 60.0,
+                  "peak_gib": 1.0, "sessions_hashed": 16, "sessions_exact": 16}],
+    }  # fmt: skip
+    args = cli.parse_args(
+        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", "2",
+         "--duration", "1", "--period", "0.08", "--references", "2", "--resume",
+         "--out", str(tmp_path / "s")]
+    )  # fmt: skip
+    args.arm_n = {"stock_inproc": [2]}
+    run = sweep.Sweep(fake_sessions.SESSIONS, args, prior, sweep.GpuSampler(99))
+    run.sweep()
+    doc = run.write(complete=True)
+    assert doc["workloads"]["token2wav"]["settings"] == other
+    assert doc["workloads"]["fake_sessions"]["settings"]["period_s"] == 0.08
+    assert doc["arms"]["stock_inproc"]["reference_reproducible"] is True
+    assert doc["arms"]["adapter_lanes"]["reference_reproducible"] is None
+    assert doc["arms"]["adapter_lanes"]["all_sessions_exact"] is True
+    assert doc["reference_reproducible"] is None  # token2wav's references were not checked
+    text = summary.markdown(doc)
+    assert "token2wav: trace seed 0" in text and "**unchecked**" in text

@@ -108,8 +108,28 @@ def _reproducible(check: dict | None) -> str:
     return f"yes (sessions {', '.join(sessions)})"
 
 
+def _workload_lines(doc: dict) -> list[str]:
+    """Each workload's trace and whether its references reproduced (a document may hold
+    several workloads' arms, each run with its own settings)."""
+    workloads = doc.get("workloads") or {doc["workload"]: {"settings": doc["settings"]}}
+    lines = []
+    for name, w in workloads.items():
+        s = w.get("settings")
+        if not s:
+            lines.append(f"- {name}: settings not recorded (runs of an older harness)")
+            continue
+        lines += [
+            f"- {name}: trace seed {s['seed']}, {s['duration_s']} s per run, one chunk per "
+            f"{s['period_s']} s during a turn, deadline {s['deadline_ms']} ms; sessions arrive "
+            f"over {s['ramp_s']} s; references: each of the sessions {s['references']} "
+            f"alone on its reference arm in a fresh process",
+            f"  - references reproducible (a second solo run of the first sessions): "
+            f"{_reproducible(w.get('reference_check'))}",
+        ]
+    return lines
+
+
 def markdown(doc: dict) -> str:
-    s = doc["settings"]
     arms = pd.DataFrame.from_dict(doc["arms"], orient="index")
     arms = arms.drop(columns=["what"], errors="ignore")
     points = pd.DataFrame(
@@ -121,12 +141,7 @@ def markdown(doc: dict) -> str:
         f"# Paced sessions: {doc['workload']} on {doc.get('gpu')}",
         "",
         f"- command: `{doc['command']}`; git `{doc.get('git_commit')}`; torch {doc.get('torch')}",
-        f"- trace seed {s['seed']}, {s['duration_s']} s per run, one chunk per "
-        f"{s['period_s']} s during a turn, deadline {s['deadline_ms']} ms; sessions arrive "
-        f"over {s['ramp_s']} s; references: each of the first {s['references']} sessions "
-        f"alone on {doc['reference_arm']} in a fresh process",
-        f"- references reproducible (a second solo run of the first sessions): "
-        f"{_reproducible(doc.get('reference_check'))}",
+        *_workload_lines(doc),
         "",
         arms.to_markdown() if len(arms) else "(no arm ran)",
         "",
@@ -149,7 +164,10 @@ def plot(doc: dict, path: Path) -> None:
         pts = sorted((int(n), p["p95_ms"]) for n, p in ps.items() if p.get("p95_ms") is not None)
         if pts:
             ax.plot(*zip(*pts), marker="o", label=arm)
-    ax.axhline(doc["settings"]["deadline_ms"], color="grey", ls="--", lw=0.8, label="deadline")
+    workloads = doc.get("workloads") or {doc["workload"]: {"settings": doc["settings"]}}
+    deadlines = {(w.get("settings") or {}).get("deadline_ms") for w in workloads.values()}
+    for ms in sorted(d for d in deadlines if d is not None):
+        ax.axhline(ms, color="grey", ls="--", lw=0.8, label=f"deadline {ms:g} ms")
     ax.set(xlabel="concurrent sessions N", ylabel="chunk latency p95 (ms)", yscale="log")
     ax.set_title(f"{doc['workload']}: p95 arrival-to-output latency vs N, {doc.get('gpu')}")
     ax.legend(fontsize=8)

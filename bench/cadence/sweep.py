@@ -138,16 +138,17 @@ class Sweep:
         prior = prior or {}
         self.runs: list[dict] = list(prior.get("runs") or [])
         self.prior_arms: dict[str, dict] = dict(prior.get("arms") or {})
-        self.prior_settings: dict | None = prior.get("settings")
         self.commands: list[str] = list(prior.get("commands") or [])
         self.commands.append("python -m bench.cadence " + shlex.join(args._argv))
         # {workload: {session index: hashes}}: several workloads may share one document
         self.all_refs: dict[str, dict] = dict(prior.get("references") or {})
         self.refs = self.all_refs.setdefault(wl.name, {})
-        # {session: {"status", "reproducible"}}: the second solo runs (check_references)
-        self.reference_runs: dict[str, dict] = dict(
-            (prior.get("reference_check") or {}).get("sessions") or {}
-        )
+        # {workload: {"settings", "reference_check"}}: each workload's trace and whether
+        # its references reproduced, apart (a resumed document may hold another's runs)
+        self.workloads: dict[str, dict] = prior_workloads(prior)
+        own = self.workloads.get(wl.name, {}).get("reference_check") or {}
+        # {session: {"status", "reproducible"}}: the second solo runs (references)
+        self.reference_runs: dict[str, dict] = dict(own.get("sessions") or {})
         self.skipped: list[dict] = []
 
     def left(self) -> float:
@@ -163,10 +164,13 @@ class Sweep:
 
     def references(self) -> None:
         """Solo runs of the ``--references`` sessions, ``--reference-batch`` sessions one
-        after another per process, the processes at the same time."""
+        after another per process, and of the first ``--reference-repeats`` of them once
+        more, each in a fresh process of its own: all the processes at the same time (a
+        session is only exact against a reference that reproduces itself)."""
         todo = [i for i in self.args.references if str(i) not in self.refs]
         batch = max(1, self.args.reference_batch)
         groups = [todo[k : k + batch] for k in range(0, len(todo), batch)]
+        again = [[i] for i in todo[: self.args.reference_repeats]]
         if not groups:
             return
         why = self.fits(self.wl.reference, batch, unpaced=True)
@@ -174,24 +178,17 @@ class Sweep:
             self.skipped.append({"arm": "reference", "n": len(todo), "why": why})
             return
         arm, name = self.wl.reference, self.wl.name
-        for g, res in zip(groups, launch(self.wl, self.args, arm, groups, True)):
+        results = launch(self.wl, self.args, arm, groups + again, True)
+        for g, res in zip(groups, results):
             self.adopt_references(res)
             self.runs.append({**res, "arm": arm, "n": len(g), "reference": True, "workload": name})
-        self.check_references(todo[: self.args.reference_repeats])
-        self.write(complete=False)  # the references survive a run that overruns
-
-    def check_references(self, sessions: list[int]) -> None:
-        """Solo runs of ``sessions`` once more, each in a fresh process: a session is only
-        exact against a reference that reproduces itself."""
-        sessions = [i for i in sessions if str(i) in self.refs]
-        if not sessions or self.fits(self.wl.reference, 1, unpaced=True):
-            return
         keys = [st.key for st in self.wl.streams]
-        again = launch(self.wl, self.args, self.wl.reference, [[i] for i in sessions], True)
-        for i, res in zip(sessions, again):
+        for [i], res in zip(again, results[len(groups) :]):
             h = (res.get("hashes") or {}).get(str(i)) or (res.get("hashes") or {}).get(i)
-            same = h is not None and all(h.get(k) == self.refs[str(i)].get(k) for k in keys)
+            ref = self.refs.get(str(i))
+            same = h is not None and ref is not None and all(h.get(k) == ref.get(k) for k in keys)
             self.reference_runs[str(i)] = {"status": res.get("status"), "reproducible": same}
+        self.write(complete=False)  # the references survive a run that overruns
 
     def adopt_references(self, res: dict) -> None:
         """A session served alone in a fresh process on the reference arm — a reference
@@ -274,18 +271,25 @@ class Sweep:
                 point = {k: v for k, v in r.items() if k not in ("workers", "arm", "n")}
                 points.setdefault(r["arm"], {})[str(r["n"])] = point
         first = next((w for r in self.runs for w in r.get("workers", [r])), {})
-        arms = self.arms(points)
         checked = [r["reproducible"] for r in self.reference_runs.values()]
-        reproducible = all(checked) if checked else None
-        if reproducible is False:  # nothing is exact against references that move
-            for arm in arms.values():
-                arm["all_sessions_exact"] = None
-                arm["exact_note"] = "no result: the solo references did not reproduce themselves"
         settings = {**vars(self.settings), "deadline_ms": a.deadline_ms, "n": a.arm_n}
         refs = [a.references.start, a.references.stop]
         settings.update(references=refs, time_budget_s=a.time_budget, device=a.device)
-        if a.rerender and self.prior_settings:  # the settings the runs were made with
-            settings = self.prior_settings
+        mine = self.workloads.get(self.wl.name, {})
+        if a.rerender and mine.get("settings"):  # the settings the runs were made with
+            settings = mine["settings"]
+        check = {"reproducible": all(checked) if checked else None, "sessions": self.reference_runs}
+        workloads = {
+            **self.workloads,
+            self.wl.name: {"settings": settings, "reference_check": check},
+        }
+        arms = self.arms(points)
+        for arm in arms.values():
+            own = (workloads.get(arm["workload"]) or {}).get("reference_check") or {}
+            arm["reference_reproducible"] = own.get("reproducible")
+            if own.get("reproducible") is False:  # nothing is exact against references that move
+                arm["all_sessions_exact"] = None
+                arm["exact_note"] = "no result: the solo references did not reproduce themselves"
         return {
             "benchmark": "sessions",
             "workload": " + ".join(sorted({v["workload"] for v in arms.values() if v["workload"]})),
@@ -296,15 +300,18 @@ class Sweep:
             "gpu": self.gpu.name or first.get("device_name"),
             "host": socket.gethostname(),
             "reference_arm": self.wl.reference,
-            "reference_reproducible": reproducible,
+            # every arm's references reproduced (null: some workload's were not checked)
+            "reference_reproducible": _all_known(
+                a["reference_reproducible"] for a in arms.values()
+            ),
             # the pooled arms' lane 0 catalog capture (seconds), and the longest lane wait
             # of the largest run (what tools read; per arm and N in per_n)
             "capture_s_at_bind": _first(
                 p.get("capture_s_at_bind") for ps in points.values() for p in ps.values()
             ),
             "max_lane_wait_ms": _first(a.get("max_lane_wait_ms_at_max_n") for a in arms.values()),
-            "reference_check": {"reproducible": reproducible, "sessions": self.reference_runs},
-            "settings": settings,
+            "settings": settings,  # this command's; every workload's in workloads
+            "workloads": workloads,
             "arms": arms,
             "per_n": points,
             "references": self.all_refs,
@@ -320,6 +327,27 @@ class Sweep:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json(out.with_suffix(".json"), doc)
         return doc
+
+
+def prior_workloads(prior: dict) -> dict[str, dict]:
+    """The per-workload settings and reference checks of a resumed document (one written
+    before documents kept them per workload held one workload's, at the top level)."""
+    if "workloads" in prior:
+        return dict(prior["workloads"])
+    name = prior.get("workload")
+    if not name or " + " in name:
+        return {}
+    return {
+        name: {"settings": prior.get("settings"), "reference_check": prior.get("reference_check")}
+    }
+
+
+def _all_known(values: Any) -> bool | None:
+    """False if any is False, else None if any is unknown, else True (None if empty)."""
+    values = list(values)
+    if False in values:
+        return False
+    return None if not values or None in values else True
 
 
 def _first(values: Any) -> Any:
@@ -338,6 +366,11 @@ def run(wl: Any, args: argparse.Namespace) -> int:
     prior = None
     if (args.resume or args.rerender) and out.with_suffix(".json").exists():
         prior = json.loads(out.with_suffix(".json").read_text())
+    if args.rerender and prior is None:
+        print(
+            f"bench.cadence: --rerender: no document at {out.with_suffix('.json')}", file=sys.stderr
+        )
+        return 2
     sweep = Sweep(wl, args, prior, gpu)
     if args.rerender:  # re-summarise the runs of --out; runs nothing
         sweep.commands.pop()
