@@ -155,6 +155,11 @@ def cmd_reproduce(args) -> int:
 
     if args.chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
+    if not 0 <= args.trace_from < args.chunks:
+        raise UsageError(f"--trace-from must be in 0..{args.chunks - 1}, got {args.trace_from}")
+    if args.trace_from and (args.processes or args.no_trace):
+        raise UsageError("--trace-from traces two copies in this process: not with "
+                         "--processes or --no-trace")  # fmt: skip
     spec = _load_user_stream(args.stream)
     if args.record:  # one copy of --processes: a child writes its trace and stops
         record_trace(spec, args.chunks, args.record, trace=not args.no_trace)
@@ -162,7 +167,9 @@ def cmd_reproduce(args) -> int:
     if args.processes:
         result = _two_processes(args, spec.device)
     else:
-        result = reproduce_stream(spec, args.chunks, trace=not args.no_trace, progress=True)
+        result = reproduce_stream(
+            spec, args.chunks, trace=not args.no_trace, progress=True, trace_from=args.trace_from
+        )
     if args.format == "json":
         print(_document("reproduce", [{"stream": args.stream, **result.to_json()}]))
     else:
@@ -281,6 +288,14 @@ def add_model_commands(sub) -> None:
     )
     repro.add_argument(
         "--no-trace", action="store_true", help="compare outputs only (fast): no op trace"
+    )
+    repro.add_argument(
+        "--trace-from",
+        type=int,
+        default=0,
+        metavar="K",
+        help="trace ops from chunk K on (a trace costs seconds per chunk of a large model); "
+        "earlier chunks compare outputs and streaming state only",
     )
     repro.add_argument("--record", metavar="FILE", help=argparse.SUPPRESS)
     repro.add_argument("--format", choices=("text", "json"), default="text")

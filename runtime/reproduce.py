@@ -115,6 +115,7 @@ class Reproduction:
     ops_per_chunk: list[int] = field(default_factory=list)
     state_tensors: int = 0
     mode: str = "copies"  # "copies" (one process) | "processes"
+    traced_from: int = 0  # ops traced from this chunk; before it outputs and state only
 
     @property
     def reproducible(self) -> bool:
@@ -144,6 +145,11 @@ class Reproduction:
             lines.append(f"  outputs equal over all {self.chunks} chunks, but state differs")
         if self.first_difference is not None:
             lines.extend("  " + ln for ln in self.first_difference.describe().splitlines())
+        if self.traced and self.traced_from:
+            lines.append(
+                f"  ops traced from chunk {self.traced_from}; the chunks before it compared "
+                "outputs and state only"
+            )
         lines.append(
             "  a bound copy cannot be checked against a reference that moves: pin the "
             "operation (a `determinism` setting, or a declared initial value) first"
@@ -240,21 +246,28 @@ def reproduce_stream(
     device: str | torch.device | None = None,
     keep_bytes: int = DEFAULT_KEEP_BYTES,
     progress: bool = False,
+    trace_from: int = 0,
 ) -> Reproduction:
     """Two stock copies of ``spec`` in this process (module docstring). ``progress``: a
     bar on stderr, and each finding printed the moment it is made (a run stopped by a
-    timeout has still said where the copies parted)."""
+    timeout has still said where the copies parted). ``trace_from``: ops are traced from
+    that chunk on (a trace costs seconds per chunk of a large model); the chunks before
+    it compare outputs and streaming state only, so a difference there is still found,
+    at the first chunk whose state differs, without its op."""
     from .verify import _named_leaves, _next_pair, _RngStreams
 
     if chunks < 1:
         raise ValueError(f"chunks must be at least 1, got {chunks}")
+    if not 0 <= trace_from < chunks:
+        raise ValueError(f"trace_from must be in 0..{chunks - 1}, got {trace_from}")
     device = torch.device(device if device is not None else spec.device)
     first, second = spec.build(), spec.build()
-    result = Reproduction(chunks, str(device), trace)
+    result = Reproduction(chunks, str(device), trace, traced_from=trace_from if trace else 0)
     result.first_difference = _weights_difference(weight_prints(first), weight_prints(second))
     traces = [OpTrace(first, keep_bytes), OpTrace(second, keep_bytes)] if trace else []
-    for t in traces if result.first_difference is not None else ():
-        t.active = False  # other weights: every op differs, nothing to trace
+    for t in traces:
+        # other weights: every op differs, nothing to trace
+        t.active = result.first_difference is None and trace_from == 0
     rng = _RngStreams(device)
     streams = [rng.wrap(n, _traced(spec.drive(m, chunks), t)) for n, m, t in
                zip(("stock", "bound"), (first, second), traces or (None, None))]  # fmt: skip
@@ -262,6 +275,9 @@ def reproduce_stream(
     try:
         advance = bar.__enter__()
         for chunk in range(chunks):
+            if chunk == trace_from and chunk and result.first_difference is None:
+                for t in traces:
+                    t.active = True
             found = _next_pair(streams[0], streams[1], chunk)
             if not isinstance(found, tuple):
                 result.output_divergence = {"chunk": chunk, "output": found.name,
@@ -269,7 +285,7 @@ def reproduce_stream(
                 break
             if result.first_difference is None:
                 diff = None
-                if traces:
+                if traces and traces[0].active:
                     result.ops_per_chunk.append(len(traces[0].ops))
                     diff = _first_op_difference(chunk, traces[0].ops, traces[1].ops)
                 if diff is None:

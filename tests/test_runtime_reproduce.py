@@ -52,6 +52,19 @@ def test_state_that_no_output_reads_is_compared_too():
     assert not r.reproducible and "state differs" in r.describe()
 
 
+def test_traced_from_a_late_chunk_the_same_op_is_found():
+    r = reproduce_stream(U.stream(), 5, trace_from=U.AT)
+    d = r.first_difference
+    assert (d.kind, d.chunk, d.module) == ("op", U.AT, "nudge") and r.traced_from == U.AT
+    assert len(r.ops_per_chunk) == 1  # only the chunk it traced
+    assert f"ops traced from chunk {U.AT}" in r.describe()
+
+
+def test_a_difference_before_the_traced_chunks_is_found_in_the_state():
+    d = reproduce_stream(U.state_stream(), 5, trace_from=U.AT + 1).first_difference
+    assert (d.kind, d.chunk, d.module) == ("state", U.AT, "scratch")
+
+
 def test_outputs_only_without_the_trace():
     r = reproduce_stream(U.stream(), 5, trace=False)
     assert r.ops_per_chunk == [] and r.output_divergence["chunk"] == U.AT
@@ -121,6 +134,11 @@ def test_clockc_reproduce_usage_errors():
     assert r.returncode == 2 and "no_such_module" in r.stderr and "Traceback" not in r.stderr
     r = _clockc("reproduce", "--stream", "tiny_stream_model:stream", "--chunks", "0")
     assert r.returncode == 2 and "--chunks" in r.stderr
+    r = _clockc("reproduce", "--stream", "tiny_stream_model:stream", "--trace-from", "20")
+    assert r.returncode == 2 and "--trace-from must be in 0..19" in r.stderr
+    r = _clockc("reproduce", "--stream", "tiny_stream_model:stream", "--trace-from", "2",
+                "--processes")  # fmt: skip
+    assert r.returncode == 2 and "not with --processes" in r.stderr
 
 
 def test_verify_refuses_a_reference_that_does_not_reproduce():
