@@ -416,3 +416,31 @@ def test_a_resumed_document_keeps_each_workloads_settings_and_reference_check(
     assert doc["reference_reproducible"] is None  # token2wav's references were not checked
     text = summary.markdown(doc)
     assert "token2wav: trace seed 0" in text and "**unchecked**" in text
+
+    # resumed again: every run is there, references checked, nothing launches
+    monkeypatch.setattr(sweep, "launch", lambda *a, **k: pytest.fail("launched"))
+    again = sweep.Sweep(fake_sessions.SESSIONS, args, doc, sweep.GpuSampler(99))
+    again.sweep()
+    assert again.write(complete=True)["arms"]["stock_inproc"]["reference_reproducible"] is True
+
+
+def test_resumed_references_that_were_never_checked_are_run_solo_again(monkeypatch, tmp_path):
+    launched = []
+
+    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
+        launched.append(groups)
+        return [{"status": "ok", "hashes": {str(i): {"pcm_sha256": "h"} for i in g}}
+                for g in groups]  # fmt: skip
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    prior = {"workload": "fake_sessions", "references": {"fake_sessions": {
+        "0": {"pcm_sha256": "h"}, "1": {"pcm_sha256": "h"}, "2": {"pcm_sha256": "h"}}}}  # fmt: skip
+    args = cli.parse_args(
+        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--references", "3",
+         "--resume", "--out", str(tmp_path / "s")]
+    )  # fmt: skip
+    args.arm_n = {"stock_inproc": []}
+    run = sweep.Sweep(fake_sessions.SESSIONS, args, prior, sweep.GpuSampler(99))
+    run.references()
+    assert launched == [[[0], [1]]]  # only the second solo runs of the first two
+    assert run.reference_runs == {str(i): {"status": "ok", "reproducible": True} for i in (0, 1)}

@@ -165,13 +165,16 @@ class Sweep:
     def references(self) -> None:
         """Solo runs of the ``--references`` sessions, ``--reference-batch`` sessions one
         after another per process, and of the first ``--reference-repeats`` of them once
-        more, each in a fresh process of its own: all the processes at the same time (a
-        session is only exact against a reference that reproduces itself)."""
+        more (where not checked yet), each in a fresh process of its own: all the
+        processes at the same time (a session is only exact against a reference that
+        reproduces itself)."""
         todo = [i for i in self.args.references if str(i) not in self.refs]
         batch = max(1, self.args.reference_batch)
         groups = [todo[k : k + batch] for k in range(0, len(todo), batch)]
-        again = [[i] for i in todo[: self.args.reference_repeats]]
-        if not groups:
+        # not yet checked: a resumed document's references may never have been
+        first = list(self.args.references)[: self.args.reference_repeats]
+        again = [[i] for i in first if str(i) not in self.reference_runs]
+        if not groups and not again:
             return
         why = self.fits(self.wl.reference, batch, unpaced=True)
         if why:
