@@ -16,7 +16,9 @@ the first replay after a restore draws what eager would (measured on the H200;
 ``FakeGraphBackend`` runs on any device: "capture" calls the function once and
 keeps its outputs as the static outputs; "replay" calls it again on the static
 inputs and copies the results into those same static outputs, which reproduces
-the aliasing hazard the output rule guards against. It can stand in a
+the aliasing hazard the output rule guards against. Each replay's host side (every
+op's non-tensor arguments, the addresses it reads) is checked against the capture's
+(host_program.py): a value a real graph would have frozen raises ``StaleHostValue``. It can stand in a
 ``torch.Generator`` as the "device" generator so effect probing is testable on CPU.
 """
 
@@ -28,6 +30,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
+from . import host_program
 from .outputs import tree_leaves
 
 
@@ -266,26 +269,52 @@ def _swapped(device: torch.device, gen: torch.Generator) -> Iterator[None]:
 
 class _FakeCaptured:
     def __init__(
-        self, backend: "FakeGraphBackend", fn: Callable, args: tuple, kwargs: dict, outputs: Any
+        self,
+        backend: "FakeGraphBackend",
+        fn: Callable,
+        args: tuple,
+        kwargs: dict,
+        outputs: Any,
+        program: list | None,
     ):
         self.backend = backend
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.outputs = outputs
+        # the host program (host_program.py) per autograd context, if checked: the
+        # capture's; a composite op (matmul) decomposes by whether its operands require
+        # grad, which differs under inference mode, so a replay in another context than
+        # the capture's is checked against the first replay in that context
+        self.programs = None if program is None else {host_program.autograd_context(): program}
 
     def replay(self) -> None:
         self.backend.replays += 1
-        fresh = self.fn(*self.args, **self.kwargs)
+        context = host_program.autograd_context()
+        if self.programs is None:
+            fresh, stale = self.fn(*self.args, **self.kwargs), None
+        elif context not in self.programs:
+            fresh, self.programs[context] = host_program.record(self.fn, self.args, self.kwargs)
+            stale = None
+        else:
+            program = self.programs[context]
+            fresh, stale = host_program.run_checked(self.fn, self.args, self.kwargs, program)
         for static, new in zip(tree_leaves(self.outputs), tree_leaves(fresh)):
             # A real graph writes its outputs at fixed addresses: emulate that.
             if isinstance(static, torch.Tensor) and static.data_ptr() != new.data_ptr():
                 static.copy_(new)
+        if stale is not None:  # the outputs are the body's: right, but a graph's would not be
+            raise host_program.StaleHostValue(stale)
 
 
 class FakeGraphBackend:
     name = "fake"
 
-    def __init__(self, device_generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, device_generator: torch.Generator | None = None, check_host: bool = True
+    ) -> None:
         self.device_generator = device_generator
+        # replay checks the body's host side against its capture (host_program.py): a
+        # host value a real graph would have frozen fails here too
+        self.check_host = check_host
         self.captures = 0
         self.replays = 0
         self.eager_runs = 0
@@ -323,5 +352,7 @@ class FakeGraphBackend:
             self.fail_next_captures -= 1
             raise RuntimeError("simulated capture failure")
         self.captures += 1
-        out = fn(*args, **kwargs)
-        return _FakeCaptured(self, fn, args, kwargs, out)
+        if not self.check_host:
+            return _FakeCaptured(self, fn, args, kwargs, fn(*args, **kwargs), None)
+        out, program = host_program.record(fn, args, kwargs)
+        return _FakeCaptured(self, fn, args, kwargs, out, program)

@@ -55,6 +55,7 @@ from .controls import ReplayMiss, replay_enabled, strict_mode
 from .counters import HostCounter, at_start, replay_advancing
 from .effects import Effect, classify, host_rng_restore, host_rng_snapshot
 from .hoist import HostConstants
+from .host_program import StaleHostValue
 from .outputs import OutputPlan
 from .regions import Region
 from .signature import (
@@ -433,9 +434,27 @@ class ExactShapeReplay:
             return self._eager(R.CAPTURE_FAILED, args, kwargs, lambda: e.detail)
         for i, buf in e.staged:
             buf.copy_(leaves[i])
-        replay_advancing(self.counters, e.captured.replay)
+        try:
+            replay_advancing(self.counters, e.captured.replay)
+        except StaleHostValue as exc:
+            return self._stale(e, str(exc))
         e.hits += 1
         self.hits += 1
+        return e.plan.hand_back()  # type: ignore[union-attr]
+
+    def _stale(self, e: _Entry, detail: str) -> Any:
+        """A simulated replay met another host value than its capture (host_program.py):
+        a real graph would have replayed the capture's and returned other bytes. The
+        callable leaves replay for good; this call's outputs are the body's, an eager
+        call's (the simulated replay ran it), counted as a miss."""
+        text = f"class {e.name}: {detail}"
+        self._reject(R.STALE_HOST_VALUE, text)
+        self.misses[R.STALE_HOST_VALUE] += 1
+        self.miss_details.setdefault(R.STALE_HOST_VALUE, text)
+        if len(self.miss_log) < MISS_LOG_LIMIT:
+            self.miss_log.append((self.calls, R.STALE_HOST_VALUE, text))
+        if strict_mode():
+            raise ReplayMiss(self.name, R.STALE_HOST_VALUE, text)
         return e.plan.hand_back()  # type: ignore[union-attr]
 
     def _select(self, group: list[int], leaves: list[torch.Tensor]) -> _Entry | None:

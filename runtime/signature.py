@@ -45,6 +45,9 @@ CAPTURE_FAILED = "capture_failed"
 NOT_CAPTURED = "not_captured"
 HOST_RNG = "host_rng"
 EFFECT_MISMATCH = "effect_mismatch"
+# a simulated replay met a host value other than its capture's (host_program.py): a real
+# graph would have replayed the capture's value
+STALE_HOST_VALUE = "stale_host_value"
 NO_CUDA = "no_cuda"
 DISABLED = "disabled"
 GRAD_ENABLED = "grad_enabled"
