@@ -39,6 +39,7 @@ import torch
 
 from .audit import bitwise_equal, difference_box, first_difference
 from .binding import _leading_part
+from .signature import STALE_HOST_VALUE
 from .sites import SiteError, format_path, get_at
 from .streams import StreamSpec
 
@@ -117,16 +118,28 @@ class Verdict:
         return out
 
     @property
+    def stale_host_values(self) -> dict[str, str]:
+        """Callables a simulated replay found reading a host value other than the
+        capture's (host_program.py): this copy's bytes are right only because simulate
+        re-ran the body; a real graph would have returned the capture's. Never accepted."""
+        return {
+            name: (r.get("miss_details") or {}).get(STALE_HOST_VALUE, "")
+            for name, r in self.replay.items()
+            if (r.get("misses") or {}).get(STALE_HOST_VALUE)
+        }
+
+    @property
     def ok(self) -> bool:
         exact = self.divergence is None and self.compared == self.chunks
-        return exact and (self.allow_eager or not self.never_replayed)
+        graphs_hold = not self.stale_host_values
+        return exact and graphs_hold and (self.allow_eager or not self.never_replayed)
 
     def describe(self) -> str:
         if self.divergence is not None:
             lines = [self.divergence.describe()]
         else:
             what = ", ".join(self.regions) or "none"
-            head = "verified" if self.ok else "NOT verified (a callable never replayed):"
+            head = "verified" if self.ok else "NOT verified:"
             lines = [
                 f"{head} {self.compared}/{self.chunks} chunks of {self.contract} on "
                 f"{self.device}: every output and every state region ({what}) bit-identical "
@@ -135,6 +148,11 @@ class Verdict:
         if self.reference is not None and self.reference.get("reproducible"):
             lines.append(
                 f"  reference: two stock copies reproduce each other over {self.chunks} chunks"
+            )
+        for name, why in self.stale_host_values.items():
+            lines.append(
+                f"  not verified: callable {name}: a graph would replay a stale host value "
+                f"(its bytes here are the re-run body's): {why}"
             )
         for name, why in self.never_replayed.items():
             verdict = "accepted (--allow-eager)" if self.allow_eager else "not verified"

@@ -164,3 +164,16 @@ def test_fewer_ops_than_the_capture_is_a_difference():
     _, program = record(step, (x, 3), {})
     _, diff = run_checked(step, (x, 2), {}, program)
     assert diff is not None and "ran 2 ops, the capture 3" in diff
+
+
+def test_verify_never_accepts_a_stale_host_value():
+    from duplexcadence.runtime.verify import Verdict
+
+    why = "class T: op #0 aten.arange.start, argument 0: 6 now, 3 at capture"
+    replay = {"calls": 5, "hits": 2, "misses": {"stale_host_value": 3},
+              "miss_details": {"stale_host_value": why}}  # fmt: skip
+    v = Verdict("c", "cpu", "simulate", 5, compared=5, replay={"step": replay}, allow_eager=True)
+    assert not v.ok and v.stale_host_values == {"step": why}
+    assert "a graph would replay a stale host value" in v.describe() and why in v.describe()
+    replay["misses"] = {}
+    assert v.ok  # the same run without it verifies
