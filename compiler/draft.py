@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import textwrap
 from importlib import resources
 from typing import Any
 
@@ -184,6 +185,7 @@ def _callable(
     args, aliased, retains = [], [], []
     variables: list[tuple[str, list]] = []  # config variable -> value per call
     notes = []
+    unkeyed = list(k.unkeyed)  # arguments left out: replay would miss every call
     for a in k.args:
         path = _path(a.steps, root=names_for_root(a.root))
         if a.kind == "carry":
@@ -206,11 +208,13 @@ def _callable(
             )
         elif a.steps:
             notes.append(f"scalar {path.dotted()} inside a container cannot be keyed: left out")
+            unkeyed.append(f"scalar {path.dotted()} sits inside a container")
         else:
             kinds = {type(v).__name__ for v in a.values}
             scalar = "none" if kinds == {"NoneType"} else kinds.pop() if len(kinds) == 1 else None
             if scalar not in ("bool", "int", "float", "none"):
                 notes.append(f"scalar {a.root} takes values of several types: left out")
+                unkeyed.append(f"scalar {a.root} takes values of several types")
                 continue
             args.append(ir.Arg(path=path, keyword=a.keyword, type=ir.ScalarArg(type=scalar)))
             if scalar != "none":
@@ -228,6 +232,15 @@ def _callable(
         "(`arg` lines are positional, in order; `kwarg` by name). Configurations: exactly the",
         "layouts and values the trace saw (a final or short chunk it did not reach runs eager).",
     ] + notes
+    if unkeyed:
+        why = (
+            "mode eager: replay keys every argument the call is passed, and "
+            + "; ".join(unkeyed)
+            + ", so every call would miss (unkeyable_argument). Declare the argument's tensors "
+            "(a container's leaves as regions or staged arguments), or replay a callable inside "
+            "this one whose arguments are tensors and scalars."
+        )
+        comments[f"callable {cname}"] += textwrap.wrap(why, 86)
     return ir.Callable(
         name=cname,
         site=_path(k.site),
@@ -239,6 +252,7 @@ def _callable(
         configs=configs,
         ambient=ambient,
         effects="device_rng" if k.randomness else "none",
+        mode="eager" if unkeyed else "replay",
     )
 
 

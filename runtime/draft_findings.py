@@ -98,6 +98,9 @@ class CallableFinding:
     randomness: bool = False
     autocast: set[str] = field(default_factory=set)
     note: str = ""
+    # arguments the call passes that a contract cannot key (why, each): replay keys every
+    # argument, so with one of these the call would miss on every call
+    unkeyed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -223,6 +226,7 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
                 notes.append(
                     f"{name}: argument {_shown(key)} is not passed on every call: left out"
                 )
+                finding.unkeyed.append(f"argument {_shown(key)} is not passed on every call")
                 continue
             values = [lv[key] for lv in leaves]
             keyword, root, steps = key
@@ -239,9 +243,12 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
             elif all(v is None or isinstance(v, (bool, int, float)) for v in values):
                 arg.values = values
             else:
+                kind = type(values[0]).__name__
                 notes.append(
-                    f"{name}: argument {_shown(key)} is neither a tensor nor a scalar: left out"
+                    f"{name}: argument {_shown(key)} is neither a tensor nor a scalar "
+                    f"({kind}): left out"
                 )
+                finding.unkeyed.append(f"argument {_shown(key)} is a {kind}")
                 continue
             finding.args.append(arg)
         for c in record:

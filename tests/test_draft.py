@@ -98,3 +98,43 @@ def test_the_language_reference_lists_every_reserved_word():
     paragraph = text.split("**Reserved words.**", 1)[1].split("(`clockc draft`", 1)[0]
     listed = paragraph.split(":", 1)[1].replace("`", "").split()
     assert listed == list(reserved_words())
+
+
+class _Box:
+    """A state object of the vendor's own (transformers' ``DynamicCache`` is one)."""
+
+    def __init__(self) -> None:
+        self.t = torch.zeros(1, 4)
+
+
+class _BoxModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.box = _Box()
+
+    def step(self, x, box):
+        box.t = box.t + self.lin(x)
+        return box.t * 2
+
+
+def _box_stream():
+    from duplexcadence.runtime.streams import StreamSpec
+
+    def build():
+        torch.manual_seed(0)
+        return _BoxModel().eval()
+
+    def drive(model, chunks):
+        with torch.no_grad():
+            for i in range(chunks):
+                yield model.step(torch.full((1, 4), float(i)), model.box)
+
+    return StreamSpec(build=build, drive=drive)
+
+
+def test_a_call_it_cannot_key_is_drafted_eager_with_the_reason():
+    text = render_draft(trace_stream(_box_stream(), 4), source="test:box")
+    assert "  mode eager" in text
+    assert "mode eager: replay keys every argument" in text and "is a _Box" in text
+    assert not [d for d in check_source(text, "draft.clock").diagnostics if d.severity == "error"]
