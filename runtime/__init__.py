@@ -13,8 +13,10 @@ decoder or operator and never imports the compiler. Layers, one concept each:
                CatalogDecl, OneOf (a catalog as rows)
   effects      Effect, host RNG snapshot/compare
   backend      CudaGraphBackend, FakeGraphBackend (the only CUDA-graph code)
+  host_program what a graph freezes of a call's host side; simulate checks it
   outputs      the output rule (regions as-is, everything else cloned)
   replay       ExactShapeReplay: capture_all, admission, replay, counters
+  capture_state CaptureSnapshot: what capture saves and puts back (transparency)
   counters     HostCounter: host ints a stock body advances, kept by the engine
   pins         pin_at: one tensor at a site the stock code rebinds every call
   controls     disable switch, strict mode, ReplayMiss

@@ -18,8 +18,8 @@ keeps its outputs as the static outputs; "replay" calls it again on the static
 inputs and copies the results into those same static outputs, which reproduces
 the aliasing hazard the output rule guards against. Each replay's host side (every
 op's non-tensor arguments, the addresses it reads) is checked against the capture's
-(host_program.py): a value a real graph would have frozen raises ``StaleHostValue``. It can stand in a
-``torch.Generator`` as the "device" generator so effect probing is testable on CPU.
+(host_program.py): a value a real graph would have frozen raises ``StaleHostValue``.
+It can stand in a ``torch.Generator`` as the "device" generator so effect probing is testable on CPU.
 """
 
 from __future__ import annotations
@@ -275,23 +275,21 @@ class _FakeCaptured:
         args: tuple,
         kwargs: dict,
         outputs: Any,
-        program: list | None,
+        program: list,
     ):
         self.backend = backend
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.outputs = outputs
-        # the host program (host_program.py) per autograd context, if checked: the
-        # capture's; a composite op (matmul) decomposes by whether its operands require
-        # grad, which differs under inference mode, so a replay in another context than
-        # the capture's is checked against the first replay in that context
-        self.programs = None if program is None else {host_program.autograd_context(): program}
+        # the host program (host_program.py) per autograd context: the capture's; a
+        # composite op (matmul) decomposes by whether its operands require grad, which
+        # differs under inference mode, so a replay in another context than the
+        # capture's is checked against the first replay in that context
+        self.programs = {host_program.autograd_context(): program}
 
     def replay(self) -> None:
         self.backend.replays += 1
         context = host_program.autograd_context()
-        if self.programs is None:
-            fresh, stale = self.fn(*self.args, **self.kwargs), None
-        elif context not in self.programs:
+        if context not in self.programs:
             fresh, self.programs[context] = host_program.record(self.fn, self.args, self.kwargs)
             stale = None
         else:
@@ -308,13 +306,8 @@ class _FakeCaptured:
 class FakeGraphBackend:
     name = "fake"
 
-    def __init__(
-        self, device_generator: torch.Generator | None = None, check_host: bool = True
-    ) -> None:
+    def __init__(self, device_generator: torch.Generator | None = None) -> None:
         self.device_generator = device_generator
-        # replay checks the body's host side against its capture (host_program.py): a
-        # host value a real graph would have frozen fails here too
-        self.check_host = check_host
         self.captures = 0
         self.replays = 0
         self.eager_runs = 0
@@ -352,7 +345,5 @@ class FakeGraphBackend:
             self.fail_next_captures -= 1
             raise RuntimeError("simulated capture failure")
         self.captures += 1
-        if not self.check_host:
-            return _FakeCaptured(self, fn, args, kwargs, fn(*args, **kwargs), None)
         out, program = host_program.record(fn, args, kwargs)
         return _FakeCaptured(self, fn, args, kwargs, out, program)

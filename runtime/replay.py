@@ -7,11 +7,9 @@ buffers it writes, the engine:
 * ``capture_all()`` — before traffic, once, in list order: materialises each
   class, probes it with one eager call (effect classification), warms it up on the
   capture stream, and captures one graph at exactly those shapes into ONE pool
-  (shared with other replays if ``pool`` is given). Capture is transparent: host
-  and device RNG state and the contents of every region and write-through buffer
-  are snapshotted once and restored after each class, so what the caller observes
-  after ``capture_all`` equals what it observed before. (Python-level side effects
-  of the callable cannot be rewound; contracts must not rely on them.)
+  (shared with other replays if ``pool`` is given). Capture is transparent
+  (capture_state.py): what the caller observes after ``capture_all`` equals what it
+  observed before.
 * ``__call__`` — admission, fail closed, from integers and enums only:
   (i) the signature is in the catalog; (ii) every write-through buffer is where it
   was at capture (pointer, shape, stride, dtype — checked on *every* call; drift
@@ -53,7 +51,8 @@ from .backend import CudaGraphBackend, GraphBackend
 from .classes import CaptureClass, materialize, staging_bytes
 from .controls import ReplayMiss, replay_enabled, strict_mode
 from .counters import HostCounter, at_start, replay_advancing
-from .effects import Effect, classify, host_rng_restore, host_rng_snapshot
+from .capture_state import CaptureSnapshot
+from .effects import Effect, classify, host_rng_snapshot
 from .hoist import HostConstants
 from .host_program import StaleHostValue
 from .outputs import OutputPlan
@@ -210,7 +209,9 @@ class ExactShapeReplay:
             self.pool = self.backend.new_pool(self.device)
         self._wt = [(n, _buffer_key(g())) for n, g in self.write_through.items()]
         self._wt_keys = [key for _, key in self._wt]
-        snap = self._snapshot()
+        snap = CaptureSnapshot(
+            self.regions, self.write_through, self.counters, self.backend, self.device
+        )
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators
         n = len(self.ambient)
@@ -226,7 +227,7 @@ class ExactShapeReplay:
             # region and write-through contents come back once, after the last class
             # (capture reads addresses, not values); RNG, counters and host state are
             # put back after every eager call, so every class starts from the same
-            self._restore(snap)
+            snap.restore()
         # a signature is admitted while one of its classes is captured; the key is the
         # signature itself, which names its group of entries
         keys = {
@@ -250,7 +251,7 @@ class ExactShapeReplay:
         return self
 
     def _capture_class(
-        self, variants: list[_Entry], gen: torch.Generator, snap: dict, advance: Callable
+        self, variants: list[_Entry], gen: torch.Generator, snap: CaptureSnapshot, advance: Callable
     ) -> None:
         """Materialise one class's inputs once; capture it under each ambient state."""
         cls = variants[0].cls
@@ -280,7 +281,7 @@ class ExactShapeReplay:
         e.sig, e.aliased, e.staged = sig, aliased, staged
         self._groups.setdefault(sig, []).append(e.index)
 
-    def _capture_one(self, e: _Entry, args: tuple, kwargs: dict, snap: dict) -> None:
+    def _capture_one(self, e: _Entry, args: tuple, kwargs: dict, snap: CaptureSnapshot) -> None:
         dev = self.device
         try:
             # the declared ambient state holds for probe, warm-up and capture; its key
@@ -297,7 +298,7 @@ class ExactShapeReplay:
             )
             return
         finally:
-            self._restore(snap, buffers=False)
+            snap.restore(buffers=False)
         if not captured:
             return
         kept = [r.storage_ptr() for r in self.regions.values()]
@@ -306,7 +307,9 @@ class ExactShapeReplay:
         e.inputs = (args, kwargs)
         e.status = "captured"
 
-    def _probe_and_capture(self, e: _Entry, args: tuple, kwargs: dict, snap: dict) -> bool:
+    def _probe_and_capture(
+        self, e: _Entry, args: tuple, kwargs: dict, snap: CaptureSnapshot
+    ) -> bool:
         """Probe (effect classification), warm up, capture. False: rejected."""
         dev, b = self.device, self.backend
         t0 = time.perf_counter()
@@ -318,7 +321,7 @@ class ExactShapeReplay:
         host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
         b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
         effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
-        self._restore(snap, buffers=False)
+        snap.restore(buffers=False)
         if effect is Effect.HOST_RNG:
             self._reject(R.HOST_RNG, f"class {e.name} draws host randomness")
             e.status = "rejected"
@@ -335,7 +338,7 @@ class ExactShapeReplay:
         if self.warmup > 1 and not self._warmed:
             at_start(self.counters)
             b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
-            self._restore(snap, buffers=False)
+            snap.restore(buffers=False)
         self._warmed = True
         at_start(self.counters)
         return self._capture_graph(e, t0)
@@ -354,32 +357,6 @@ class ExactShapeReplay:
         if r0 is not None and r1 is not None:
             e.reserved_bytes = r1 - r0
         return True
-
-    def _snapshot(self) -> dict:  # noqa: D401 - state saved around capture
-        bufs = {f"region:{n}": r.tensor for n, r in self.regions.items()}
-        bufs.update({f"write_through:{n}": g() for n, g in self.write_through.items()})
-        return {
-            "host": host_rng_snapshot(),
-            "device": self.backend.device_rng_state(self.device),
-            # saved on the host: a device copy of every region would raise the
-            # process peak by the whole contract state just to capture
-            "buffers": {k: (t, _host_copy(t)) for k, t in bufs.items()},
-            "python": {n: r._host_state() for n, r in self.regions.items()},
-            "counters": [c.value() for c in self.counters],
-        }
-
-    def _restore(self, snap: dict, buffers: bool = True) -> None:
-        """Put back what ``_snapshot`` saved; ``buffers=False`` leaves region contents
-        (a copy of every region from the host: seconds per catalog for Token2Wav's
-        solver workspace) for the one restore at the end of ``capture_all``."""
-        for live, saved in snap["buffers"].values() if buffers else ():
-            live.copy_(saved)
-        for n, st in snap["python"].items():
-            self.regions[n]._set_host_state(st)
-        for counter, value in zip(self.counters, snap["counters"]):
-            counter.write(value)
-        host_rng_restore(snap["host"])
-        self.backend.set_device_rng_state(snap["device"], self.device)
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected = reason
@@ -444,17 +421,11 @@ class ExactShapeReplay:
 
     def _stale(self, e: _Entry, detail: str) -> Any:
         """A simulated replay met another host value than its capture (host_program.py):
-        a real graph would have replayed the capture's and returned other bytes. The
-        callable leaves replay for good; this call's outputs are the body's, an eager
-        call's (the simulated replay ran it), counted as a miss."""
+        the callable leaves replay for good; this call's outputs are the re-run body's
+        (an eager call's), counted as a miss."""
         text = f"class {e.name}: {detail}"
         self._reject(R.STALE_HOST_VALUE, text)
-        self.misses[R.STALE_HOST_VALUE] += 1
-        self.miss_details.setdefault(R.STALE_HOST_VALUE, text)
-        if len(self.miss_log) < MISS_LOG_LIMIT:
-            self.miss_log.append((self.calls, R.STALE_HOST_VALUE, text))
-        if strict_mode():
-            raise ReplayMiss(self.name, R.STALE_HOST_VALUE, text)
+        self._count_miss(R.STALE_HOST_VALUE, lambda: text)
         return e.plan.hand_back()  # type: ignore[union-attr]
 
     def _select(self, group: list[int], leaves: list[torch.Tensor]) -> _Entry | None:
@@ -485,6 +456,11 @@ class ExactShapeReplay:
     def _eager(
         self, reason: str, args: tuple, kwargs: dict, detail: Callable[[], str] | None = None
     ) -> Any:
+        self._count_miss(reason, detail)
+        return self.fn(*args, **kwargs)
+
+    def _count_miss(self, reason: str, detail: Callable[[], str] | None) -> None:
+        """Count, explain and log one miss; strict mode raises ``ReplayMiss`` for it."""
         self.misses[reason] += 1
         strict = reason != R.DISABLED and strict_mode()
         logged = len(self.miss_log) < MISS_LOG_LIMIT and reason not in _EAGER_BY_DESIGN
@@ -502,7 +478,6 @@ class ExactShapeReplay:
                 )
             if strict:
                 raise ReplayMiss(self.name, reason, text)
-        return self.fn(*args, **kwargs)
 
     def drop_all(self, message: str) -> None:
         """Take every captured class out of replay (a write-through site was rebound
@@ -607,11 +582,3 @@ class ExactShapeReplay:
             ),
             "classes": cls,
         }
-
-
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    if t.device.type != "cuda":
-        return t.clone()
-    saved = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    saved.copy_(t)
-    return saved
