@@ -22,11 +22,12 @@ import sys
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator
+from typing import Any, Container, Iterator
 
 import torch
 
 from duplexcadence.runtime.backend import drawing_from
+from duplexcadence.runtime.capture_state import RegionContents
 from duplexcadence.runtime.determinism import restore_settings
 from duplexcadence.runtime.eager_lock import EagerLock
 from duplexcadence.runtime.regions import Region
@@ -136,7 +137,9 @@ class Binding:
         return self
 
     @contextmanager
-    def capturing(self, lane: Any) -> Iterator["CaptureSection"]:
+    def capturing(
+        self, lane: Any, keep_contents: Container[str] | None = None
+    ) -> Iterator["CaptureSection"]:
         """A lane captures with its own regions at the model's sites (eager warm-up
         reads scratch there), drawing from its own generator (so its graphs register
         that state), under the eager lock; the sites are put back after.
@@ -147,8 +150,12 @@ class Binding:
 
         The section it yields can ``pause()`` between two classes: a background
         capture (lane_scheduler.py) holds the eager lock one class at a time, so the
-        other lanes' eager steps wait for a class (a few hundred ms), not a value."""
-        section = CaptureSection(self, lane)
+        other lanes' eager steps wait for a class (a few hundred ms), not a value.
+
+        The contents of the lane's regions named in ``keep_contents`` (None: all) are
+        saved once here and put back at the end, for every engine captured inside
+        (capture_state.py): engines inside capture with ``keep_contents=()``."""
+        section = CaptureSection(self, lane, keep_contents)
         section.enter()
         try:
             yield section
@@ -401,8 +408,12 @@ class CaptureSection:
     """``Binding.capturing``'s hold on the model: the eager lock, the lane's generator
     as the device default, the lane's regions at the sites."""
 
-    def __init__(self, binding: Binding, lane: Any) -> None:
+    def __init__(
+        self, binding: Binding, lane: Any, keep_contents: Container[str] | None = None
+    ) -> None:
         self.binding, self.lane = binding, lane
+        self.keep_contents = keep_contents
+        self._contents: RegionContents | None = None
         self.pauses = 0
         self._stack: ExitStack | None = None
         self._swapped: list[tuple[Any, Any]] = []
@@ -415,13 +426,24 @@ class CaptureSection:
         self.binding.eager_lock.acquire()
         try:
             self._take_model()
+            lane = self.lane
+            self._contents = RegionContents(
+                lane.regions, lane.write_through_getters(), self.keep_contents
+            )
         except BaseException:
+            self._give_model()
             self.binding.eager_lock.release()
             raise
 
     def exit(self) -> None:
-        self._give_model()
-        self.binding.eager_lock.release()  # last: the generator and the sites are back
+        try:
+            if self._contents is not None:
+                self._contents.restore()
+        finally:
+            try:
+                self._give_model()
+            finally:
+                self.binding.eager_lock.release()  # last: the generator and the sites are back
 
     def pause(self) -> None:
         """Hand the eager lock to the next waiting eager section and take it back right

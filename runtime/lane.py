@@ -29,7 +29,7 @@ eager body — under inference mode.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Container
 
 import torch
 
@@ -209,7 +209,7 @@ class Lane:
     def _engine(self, k: CallableDecl, key: ParamKey) -> ExactShapeReplay:
         b = self.binding
         like = self._like(k.name)
-        wt = [w for w in k.writes if b.decl.regions[w].site is not None]
+        wt = self._write_through_names(k)
         return ExactShapeReplay(
             self.bodies[k.name],
             name=k.name,
@@ -281,6 +281,21 @@ class Lane:
 
         return map_tensors(result, move)
 
+    def _write_through_names(self, k: CallableDecl) -> list[str]:
+        """The regions ``k`` writes that sit at a model site (admission checks them)."""
+        return [w for w in k.writes if self.binding.decl.regions[w].site is not None]
+
+    def write_through_getters(self) -> dict[str, Callable[[], torch.Tensor]]:
+        """Every replayed callable's write-through tensors (what a capture section saves
+        beside the regions)."""
+        names = {
+            w: None
+            for k in self._callables.values()
+            if k.replay
+            for w in self._write_through_names(k)
+        }
+        return {w: (lambda w=w: self.write_through_tensor(w)) for w in names}
+
     def write_through_tensor(self, name: str) -> torch.Tensor:
         """What admission pointer-checks for a write-through region: the tensor at the
         model's site while this lane owns the sites (stock code could rebind it),
@@ -306,10 +321,12 @@ class Lane:
     def capture(self, progress: bool = True) -> None:
         if self.pool is None and self.engines:
             self.pool = self.backend.new_pool(self.binding.device) if self._can_capture() else None
-        with self.binding.capturing(self) as section:
+        with self.binding.capturing(self) as section:  # saves every region's contents
             for engine in self.engines.values():
                 engine.pool = self.pool
-                engine.capture_all(progress=progress, between_classes=section.pause)
+                engine.capture_all(
+                    progress=progress, between_classes=section.pause, keep_contents=()
+                )
         self.captured = True
         # the declared capture set, then back to this lane's value
         key = self.key
@@ -321,12 +338,25 @@ class Lane:
         return self.backend.available(self.binding.device)
 
     # ------------------------------------------------------ session parameters
-    def use(self, key: ParamKey, *, capture: bool | None = None, progress: bool = False) -> None:
+    def use(
+        self,
+        key: ParamKey,
+        *,
+        capture: bool | None = None,
+        progress: bool = False,
+        keep_contents: Container[str] | None = None,
+    ) -> None:
         """Put this lane at parameter value ``key``, growing it for a larger one
         (lane_values.py); new graphs captured if the lane has captured (``capture``
-        overrides). The caller holds the lane (a session's run, or bind)."""
+        overrides). The caller holds the lane (a session's run, or bind).
+        ``keep_contents``: the regions whose contents a capture here keeps (None: all;
+        capture_state.py)."""
         use_value(
-            self, key, capture=self.captured if capture is None else capture, progress=progress
+            self,
+            key,
+            capture=self.captured if capture is None else capture,
+            progress=progress,
+            keep_contents=keep_contents,
         )
 
     def held_values(self) -> frozenset | None:

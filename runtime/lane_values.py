@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Container
 
 import torch
 
@@ -47,7 +47,14 @@ if TYPE_CHECKING:
 _CARRY_COUNTERS = ("retains", "adoptions", "restores", "audit_checks", "audit_divergences")
 
 
-def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
+def use_value(
+    lane: "Lane",
+    key: ParamKey,
+    *,
+    capture: bool,
+    progress: bool,
+    keep_contents: Container[str] | None = None,
+) -> None:
     """``Lane.use`` (module docstring). The caller holds the lane (a session's own run,
     or bind), so no other session's run sees this capture.
 
@@ -61,7 +68,7 @@ def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> 
     if key == lane.key and not (capture and lane.uncaptured):
         return  # at it already (or, asked not to capture, at its uncaptured engines)
     if outgrown(lane, key):  # a larger value: new regions, every engine rebuilt
-        grow(lane, key, capture=capture, progress=progress)
+        grow(lane, key, capture=capture, progress=progress, keep_contents=keep_contents)
         return
     engines = lane.values.get(key)
     if engines is None and not capture and lane.captured:
@@ -74,13 +81,15 @@ def use_value(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> 
         }
         if capture:
             t0 = time.perf_counter()
-            with b.capturing(lane) as section:
+            with b.capturing(lane, keep_contents) as section:
                 lane._set_retention(key)
                 for i, engine in enumerate(engines.values()):
                     if i:
                         section.pause()  # between two engines too, as between classes
                     engine.pool = lane.pool
-                    engine.capture_all(progress=progress, between_classes=section.pause)
+                    engine.capture_all(
+                        progress=progress, between_classes=section.pause, keep_contents=()
+                    )
             lane.values.captures += 1
             lane.values.capture_s += time.perf_counter() - t0
         lane.values.put(key, engines)
@@ -127,10 +136,17 @@ def outgrown(lane: "Lane", key: ParamKey) -> bool:
     )
 
 
-def grow(lane: "Lane", key: ParamKey, *, capture: bool, progress: bool) -> None:
+def grow(
+    lane: "Lane",
+    key: ParamKey,
+    *,
+    capture: bool,
+    progress: bool,
+    keep_contents: Container[str] | None = None,
+) -> None:
     decl = lane.binding.decl
     shapes = {n: widest(s, shape_at(decl, decl.regions[n], key)) for n, s in lane.shapes.items()}
-    grow_to(lane, shapes, key, capture=capture, progress=progress)
+    grow_to(lane, shapes, key, capture=capture, progress=progress, keep_contents=keep_contents)
 
 
 def grow_to(
@@ -140,6 +156,7 @@ def grow_to(
     *,
     capture: bool,
     progress: bool,
+    keep_contents: Container[str] | None = None,
 ) -> None:
     """Re-lay ``lane`` at ``shapes`` (module docstring) and put it at ``key`` (default: its
     value now); the values it held are captured again at the new addresses."""
@@ -175,13 +192,15 @@ def grow_to(
     lane._set_retention(key)
     engines = list(lane.engines.values())
     if capture:
-        with b.capturing(lane) as section:
+        with b.capturing(lane, keep_contents) as section:
             for engine in engines:
                 engine.pool = lane.pool
-                engine.capture_all(progress=progress, between_classes=section.pause)
+                engine.capture_all(
+                    progress=progress, between_classes=section.pause, keep_contents=()
+                )
     for held in again:  # what the lane held before, at the new addresses
-        use_value(lane, held, capture=True, progress=progress)
-    use_value(lane, key, capture=capture, progress=progress)
+        use_value(lane, held, capture=True, progress=progress, keep_contents=keep_contents)
+    use_value(lane, key, capture=capture, progress=progress, keep_contents=keep_contents)
     if b.pool is not None:
         b.pool._storage_of = b.pool._lane_storages()
     lane.values.regrows += 1

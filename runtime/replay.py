@@ -41,7 +41,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 import torch
 
@@ -187,10 +187,15 @@ class ExactShapeReplay:
 
     # ================================================================ capture
     def capture_all(
-        self, progress: bool = True, between_classes: Callable[[], None] | None = None
+        self,
+        progress: bool = True,
+        between_classes: Callable[[], None] | None = None,
+        keep_contents: Container[str] | None = None,
     ) -> "ExactShapeReplay":
         """``between_classes``: called before every class after the first (a background
-        capture lets waiting eager steps run there: binding.CaptureSection.pause)."""
+        capture lets waiting eager steps run there: binding.CaptureSection.pause).
+        ``keep_contents``: the regions whose contents capture saves and puts back (None:
+        every one; a lane's capture section saves them itself: capture_state.py)."""
         if self.captured:
             return self  # capture happens once per binding
         if not replay_enabled():
@@ -210,7 +215,12 @@ class ExactShapeReplay:
         self._wt = [(n, _buffer_key(g())) for n, g in self.write_through.items()]
         self._wt_keys = [key for _, key in self._wt]
         snap = CaptureSnapshot(
-            self.regions, self.write_through, self.counters, self.backend, self.device
+            self.regions,
+            self.write_through,
+            self.counters,
+            self.backend,
+            self.device,
+            keep=keep_contents,
         )
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # staging fill only; never the global generators

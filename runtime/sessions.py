@@ -111,6 +111,12 @@ class SessionPool:
         self.binding = binding
         self.timeout_s = float(timeout_s)
         self.device = binding.device
+        # what a lane holds between two steps that is not a session's: every step loads
+        # its session's per-session regions and takes them back, and scratch is scratch,
+        # so a capture between steps (the scheduler's) keeps only shared (process) state
+        self.state_between_steps = frozenset(
+            n for n, r in binding.decl.regions.items() if r.spec.lifetime == "process"
+        )
         self.eager_scratch: dict[str, Region] = {}
         self.lane_capture: list[dict] = []
         self._ids = itertools.count()
@@ -228,7 +234,7 @@ class SessionPool:
         its graphs captured (lane_scheduler.py)."""
         cuda = self.device.type == "cuda" and torch.cuda.is_available()
         with torch.cuda.device(self.device) if cuda else nullcontext():
-            lane.use(key, capture=True)
+            lane.use(key, capture=True, keep_contents=self.state_between_steps)
 
     def wait_for_captures(self, timeout_s: float = 60.0) -> bool:
         """Block until the background captures wanted so far are done (tests, benchmarks

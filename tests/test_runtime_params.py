@@ -493,3 +493,37 @@ def test_a_background_capture_lets_waiting_eager_steps_run_between_its_classes()
     assert section.pauses == 1 and get_at(base, site) is scratch
     section.pause()  # nobody waits: a no-op
     binding.unbind()
+
+
+def test_a_capture_between_steps_saves_no_session_state_and_a_plain_binding_saves_its_own(
+    monkeypatch,
+):
+    """A plain binding's regions hold its one stream's state: capturing a new value puts
+    their contents back (saved on the host). A pool lane holds nobody's state between
+    steps (each step loads its session's regions and takes them back), so the
+    scheduler's capture there copies none; the sessions stay exact."""
+    import duplexcadence.runtime.capture_state as capture_state
+
+    saved: list[tuple] = []
+    host_copy = capture_state._host_copy
+    monkeypatch.setattr(
+        capture_state, "_host_copy", lambda t: saved.append(tuple(t.shape)) or host_copy(t)
+    )
+    plain = bind_contract(
+        Stream(Net(), 5, DEFAULT), decl(hold=4), device="cpu", backend="simulate", progress=False
+    )
+    saved.clear()
+    plain.use({"p": 6})
+    assert saved  # the stream's carry and scratch, put back after the capture
+    plain.unbind()
+
+    base = Stream(Net(), 7, DEFAULT)
+    binding = bind_contract(base, decl(hold=4), device="cpu", backend="simulate", progress=False)
+    pool = binding.sessions(lanes=2, progress=False)
+    saved.clear()
+    s = pool.open(_own(base, 3, 6), seed=3, params={"p": 6})
+    assert pool.wait_for_captures(10.0)
+    assert binding.stats()["sessions"]["background_captures"] == 1 and saved == []
+    out = [s.run(s.obj.chunk, x_of(3, i)) for i in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(out, solo_stock(3, 6, 4)))
+    binding.unbind()
