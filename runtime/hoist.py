@@ -32,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 _TO = {torch.Tensor.to, torch.Tensor.cuda}
 _FACTORIES = {torch.tensor, torch.as_tensor}
+_INTERCEPTED = frozenset(_TO | _FACTORIES | {torch.istft})
 
 
 def _content_key(t: torch.Tensor) -> tuple:
@@ -65,6 +66,8 @@ class HostConstants(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func not in _INTERCEPTED:  # nearly every call: one set lookup
+            return func(*args, **kwargs)
         if (
             self.hoists
             and func in _TO
