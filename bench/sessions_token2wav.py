@@ -1,6 +1,6 @@
 """Token2Wav served as many real-time sessions (``python -m bench.cadence --workload
 bench.sessions_token2wav``): stock, one process per session or all in one; the adapter
-on one lane or on K replay lanes.
+on one lane, on K replay lanes, or in P serving processes of K lanes each.
 
 A session is a real-time client of the released streaming decoder
 (``minicpmo-utils==1.0.6``, seeded random weights shared by every session): a voice
@@ -268,6 +268,16 @@ SESSIONS = SessionWorkload(
             # MiB of graph memory; the regions are the lane's), not the contract's hold 4
             options={"adapter": True, "lanes": 8, "graph_budget_mib": GRAPH_BUDGET_MIB},
             needs_cuda=True,
+        ),
+        Arm(
+            "adapter_replicas",
+            "inproc",
+            "SRc adapter, 4 serving processes on the GPU (every 4th session each), 2 lanes each",
+            # every process its own GIL and eager lock: a new voice's capture and its
+            # eager steps wait only for the voices of their own process
+            options={"adapter": True, "lanes": 2, "graph_budget_mib": GRAPH_BUDGET_MIB},
+            needs_cuda=True,
+            processes=4,
         ),
         Arm(
             "adapter_lanes_hoststate",

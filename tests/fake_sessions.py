@@ -4,6 +4,7 @@ torch module with a per-session carry, whose chunk costs a few milliseconds on a
 Each session's input for chunk ``seq`` comes from its own seed; the carry advances
 every chunk and is zeroed by ``reset``. Arms: ``stock_procs`` (one process per
 session, the reference), ``stock_inproc`` (sessions in one process, one lock),
+``stock_replicas`` (the same in two processes, every other session each),
 ``forgetful_inproc`` (ignores resets: its bytes differ wherever a turn resets).
 """
 
@@ -68,6 +69,7 @@ SESSIONS = SessionWorkload(
     arms=(
         Arm("stock_procs", "procs", "one process per session"),
         Arm("stock_inproc", "inproc", "all sessions in one process, one lock"),
+        Arm("stock_replicas", "inproc", "every other session in each of 2 processes", processes=2),
         Arm("forgetful_inproc", "inproc", "ignores resets", options={"forget_resets": True}),
     ),
     reference="stock_procs",

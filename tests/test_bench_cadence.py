@@ -15,7 +15,7 @@ pytest.importorskip("pandas", reason="the benchmark harness needs: pip install -
 import fake_sessions  # noqa: E402
 import torch  # noqa: E402
 
-from bench.cadence import TraceSettings, cli, session, summary, sweep, trace  # noqa: E402
+from bench.cadence import Arm, TraceSettings, cli, session, summary, sweep, trace  # noqa: E402
 from bench.cadence.serve import Client  # noqa: E402
 
 FAST = TraceSettings(
@@ -309,13 +309,25 @@ def test_a_small_sweep_of_real_workers(tmp_path):
         and "forgetful_inproc" in out.with_suffix(".md").read_text()
     )
 
-    # a second call adds an arm to the same document; the references are not run again
-    more = argv[: argv.index("--arms")] + ["--arms", "stock_inproc", "--n", "1", "--resume"]
+    # a second call adds an arm to the same document; the references are not run again.
+    # The arm serves its sessions from two worker processes (replicas), one each
+    more = argv[: argv.index("--arms")] + ["--arms", "stock_replicas", "--n", "2", "--resume"]
     assert cli.main(more + argv[argv.index("--duration") :]) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
-    assert set(doc["arms"]) == {"stock_procs", "forgetful_inproc", "stock_inproc"}
-    assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
+    assert set(doc["arms"]) == {"stock_procs", "forgetful_inproc", "stock_replicas"}
+    assert doc["arms"]["stock_replicas"]["all_sessions_exact"] is True
+    workers = doc["runs"][-1]["workers"]
+    assert sorted(tuple(w["sessions"]) for w in workers) == [(0,), (1,)]
     assert len(doc["commands"]) == 2 and sum(bool(r.get("reference")) for r in doc["runs"]) == 1
+
+
+def test_an_arm_of_replicas_splits_its_sessions_over_its_processes():
+    replicas = fake_sessions.SESSIONS.arm("stock_replicas")
+    assert replicas.groups(5) == [[0, 2, 4], [1, 3]] and replicas.groups(1) == [[0]]
+    assert fake_sessions.SESSIONS.arm("stock_inproc").groups(3) == [[0, 1, 2]]
+    assert fake_sessions.SESSIONS.arm("stock_procs").groups(2) == [[0], [1]]
+    with pytest.raises(ValueError, match="processes"):
+        Arm("x", "procs", "", processes=2)
 
 
 def test_serve_summary_reads_the_serve_arms():

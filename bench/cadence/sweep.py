@@ -10,9 +10,10 @@ slowest set-up seen, else ``--setup-estimate``, plus the run's duration and 20 s
 in what is left of ``--time-budget``; else it is recorded as skipped. ``--resume`` keeps
 the runs already in the JSON at ``--out`` and launches only what is missing.
 
-A run of the ``inproc`` shape is one worker process hosting N sessions; a ``procs`` run
-is N worker processes, one session each, released together at one wall-clock start
-time once all are built (``serve.barrier``). While a run streams, the GPU's utilisation
+A run of the ``inproc`` shape is one worker process hosting N sessions (or P of them
+each hosting every P-th session, for an arm of ``processes`` P); a ``procs`` run is N
+worker processes, one session each; a run's workers are released together at one
+wall-clock start time once all are built (``serve.barrier``). While a run streams, the GPU's utilisation
 is sampled through NVML (``nvidia-ml-py``) when it imports (else ``gpu_busy_share`` is
 null), and averaged over the run's window.
 """
@@ -207,7 +208,7 @@ class Sweep:
         return next((r for r in ok if not r.get("reference")), None)
 
     def run(self, arm: str, n: int) -> dict:
-        groups = [list(range(n))] if self.wl.arm(arm).shape == "inproc" else [[i] for i in range(n)]
+        groups = self.wl.arm(arm).groups(n)
         print(f"bench.cadence: {arm} N={n} ({self.left():.0f} s left)", file=sys.stderr)
         results = launch(self.wl, self.args, arm, groups, unpaced=False, limit_s=self.left())
         if arm == self.wl.reference and self.wl.arm(arm).shape == "procs":

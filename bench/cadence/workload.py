@@ -15,11 +15,12 @@ SHAPES = ("inproc", "procs")
 
 @dataclass(frozen=True)
 class Arm:
-    """One way of serving N sessions. ``shape``: ``inproc`` (one worker process hosts
-    all N sessions, one client thread each) or ``procs`` (N worker processes, one
-    session each, started together). ``options`` are the workload's own (lanes, which
-    adapter); ``env`` the worker environment on top of the workload's ``base_env``
-    (None unsets a variable)."""
+    """One way of serving N sessions. ``shape``: ``inproc`` (a worker process hosts its
+    sessions, one client thread each: all N, or with ``processes`` P, P workers on the
+    one GPU each host every P-th session, as a server with P replicas per GPU would)
+    or ``procs`` (N worker processes, one session each, started together). ``options``
+    are the workload's own (lanes, which adapter); ``env`` the worker environment on
+    top of the workload's ``base_env`` (None unsets a variable)."""
 
     name: str
     shape: str
@@ -27,10 +28,20 @@ class Arm:
     options: Mapping[str, Any] = field(default_factory=dict)
     needs_cuda: bool = False
     env: Mapping[str, str | None] = field(default_factory=dict)
+    processes: int = 1
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
             raise ValueError(f"arm {self.name}: shape {self.shape!r} is not one of {SHAPES}")
+        if self.processes < 1 or (self.shape == "procs" and self.processes != 1):
+            raise ValueError(f"arm {self.name}: processes must be >= 1, and 1 for procs")
+
+    def groups(self, n: int) -> list[list[int]]:
+        """Which sessions each worker process of a run of N hosts."""
+        if self.shape == "procs":
+            return [[i] for i in range(n)]
+        p = min(self.processes, n) or 1
+        return [list(range(g, n, p)) for g in range(p)]
 
 
 class Server(Protocol):
