@@ -272,11 +272,10 @@ SESSIONS = SessionWorkload(
         Arm(
             "adapter_replicas",
             "inproc",
-            "SRc adapter, 4 serving processes on the GPU (every 4th session each), 3 lanes each",
+            "SRc adapter, 4 serving processes on the GPU (every 4th session each), 2 lanes each",
             # every process its own GIL and eager lock: a new voice's capture and its
-            # eager steps wait only for the voices of their own process; 3 lanes, so
-            # that one out of rotation for a capture leaves two (with 2: lane waits 2 s)
-            options={"adapter": True, "lanes": 3, "graph_budget_mib": GRAPH_BUDGET_MIB},
+            # eager steps wait only for the voices of their own process
+            options={"adapter": True, "lanes": 2, "graph_budget_mib": GRAPH_BUDGET_MIB},
             needs_cuda=True,
             processes=4,
         ),
