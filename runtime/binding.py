@@ -446,9 +446,9 @@ class CaptureSection:
                 self.binding.eager_lock.release()  # last: the generator and the sites are back
 
     def pause(self) -> None:
-        """Hand the eager lock to the eager sections waiting now and take it back right
-        after them (eager_lock.py), the sites and the generator put back meanwhile; a
-        no-op unless this is the thread's outermost hold and somebody waits."""
+        """Hand the eager lock to the next waiting eager section and take it back right
+        after it (eager_lock.py), the sites and the generator put back meanwhile; a no-op
+        unless this is the thread's outermost hold and somebody waits."""
         lock = self.binding.eager_lock
         if not self._outermost or not lock.waiting():
             return

@@ -7,16 +7,9 @@ pool's background captures, which hold it one class at a time (binding.CaptureSe
 A plain ``threading.RLock`` wakes an arbitrary waiter: measured on the H200 with 16
 voices, a value's capture took 12–16 s under load instead of 3.5 s idle, waiting
 behind whichever eager steps won the race. This lock serves waiters in arrival order,
-and ``hand_over()`` lets the holder give the lock to the waiters queued now, one
-section each, and take it back right after them, ahead of later arrivals: a capture
-and the eager steps then alternate, a class of one and the queued steps' sections.
-
-Handing over to one waiter only (as before) made the k-th queued step wait k classes:
-measured on the H200 with 16 voices in 4 serving processes, 44 of 105 deadline misses
-fell in a session's first 5 s, while its voice was captured, with eager-lock waits up
-to 1.4 s. Now a step waits for at most the class in progress and the steps queued
-ahead of it, and a capture still advances one class per round however many steps
-keep arriving.
+and ``hand_over()`` lets the holder give the lock to the next waiter for one section
+and take it back right after it, ahead of everybody else: a capture and the eager
+steps then alternate, a class of one and a section of the other.
 """
 
 from __future__ import annotations
@@ -69,9 +62,9 @@ class EagerLock:
         return len(self._queue)
 
     def hand_over(self) -> bool:
-        """Let every thread waiting now hold the lock for its section, in arrival order,
-        then take it back before any thread that arrives meanwhile. The caller holds it
-        once (not nested); False (and nothing done) when nobody waits."""
+        """Let the next waiter hold the lock for its section, then take it back before
+        any other waiter. The caller holds it once (not nested); False (and nothing
+        done) when nobody waits."""
         me = threading.get_ident()
         with self._cond:
             if self._owner != me or self._depth != 1:
@@ -79,7 +72,7 @@ class EagerLock:
             if not self._queue:
                 return False
             ticket = object()
-            self._queue.append(ticket)  # behind those waiting now, ahead of later arrivals
+            self._queue.insert(1, ticket)  # right behind the waiter it hands over to
             self._owner, self._depth = None, 0
             self._cond.notify_all()
             self._wait_for(ticket)
