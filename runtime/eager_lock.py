@@ -10,6 +10,12 @@ behind whichever eager steps won the race. This lock serves waiters in arrival o
 and ``hand_over()`` lets the holder give the lock to the next waiter for one section
 and take it back right after it, ahead of everybody else: a capture and the eager
 steps then alternate, a class of one and a section of the other.
+
+Handing over to every step queued at the pause, not one, was measured too (H200, 16
+voices in 4 serving processes, with 3 lanes each instead of 2): each step waited less,
+but a voice's capture took 7 s instead of 4.3 s, so its session ran eager longer:
+190 eager steps and 192 deadline misses of 590 chunks, against 103 and 105. Under
+load a capture is what turns eager steps into replays; it keeps its one-class turns.
 """
 
 from __future__ import annotations
