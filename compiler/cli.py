@@ -215,6 +215,8 @@ def cmd_plan(args) -> int:
     one GPU holds by memory and serves by time (compiler/plan.py)."""
     from duplexcadence.compiler.plan import Profile, footprint_json, plan_text, predict
 
+    if args.arrivals is not None and not args.arrivals > 0:
+        raise UsageError(f"--arrivals {args.arrivals:g}: seconds must be more than 0")
     profile = None
     if args.profile:
         try:
@@ -234,7 +236,7 @@ def cmd_plan(args) -> int:
         lanes = args.lanes or (sorted(profile.chunks_per_s) if profile else [])
         try:
             preds = (
-                [predict(fp, profile, k, args.voices, args.values) for k in lanes]
+                [predict(fp, profile, k, args.voices, args.values, args.arrivals) for k in lanes]
                 if profile
                 else []
             )
@@ -321,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="distinct session-parameter values served (a prompt length per user)",
+    )
+    plan.add_argument(
+        "--arrivals",
+        type=float,
+        metavar="SECONDS",
+        help="the values' first sessions arrive over this many seconds (capture load)",
     )
     plan.add_argument("--format", choices=("text", "json"), default="text")
     plan.set_defaults(func=cmd_plan)

@@ -126,11 +126,25 @@ def _opt(value: object, kind: type) -> object:
     return None if value is None else kind(value)
 
 
-def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1, values: int = 1) -> dict:
+def predict(
+    fp: Footprint,
+    profile: Profile,
+    lanes: int,
+    voices: int = 1,
+    values: int = 1,
+    arrivals_s: float | None = None,
+) -> dict:
     """Sessions one GPU holds by memory and serves by time with ``lanes`` lanes; with
     ``values`` distinct session-parameter values (a voice prompt length per user), each
     held by at least one lane: their graphs' bytes, the values each lane must hold to keep
-    them all (its ``hold``), and the capture thread's seconds to capture them all."""
+    them all (its ``hold``), and the capture thread's seconds to capture them all.
+
+    ``arrivals_s``: the values' first sessions arrive over this many seconds. A capture
+    holds the process's one eager lock (runtime/eager_lock.py), which the steps of values
+    not captured yet need too, so ``capture_lock_share`` (capture seconds per second of
+    arrivals) is a floor on that lock's load: at 1 or more sessions queue behind captures
+    whatever the GPU could do (measured on the H200: 16 values in 50 s, 0.8 of the lock in
+    one process, 545 of 590 chunks late; four processes, 0.2 each, 105)."""
     if lanes not in profile.base_bytes or lanes not in profile.chunks_per_s:
         known = sorted(set(profile.base_bytes) & set(profile.chunks_per_s))
         raise KeyError(f"the profile has no measurement for {lanes} lanes (has {known})")
@@ -143,6 +157,9 @@ def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1, values
     rate = profile.chunks_per_s[lanes] * profile.utilization
     by_time = math.floor(rate * profile.cadence_s / profile.speech_share)
     sessions = min(by_memory, by_time)
+    capture_s = (
+        None if profile.capture_s_per_value is None else values * profile.capture_s_per_value
+    )
     return {
         "lanes": lanes,
         "voices": voices,
@@ -153,8 +170,10 @@ def predict(fp: Footprint, profile: Profile, lanes: int, voices: int = 1, values
         "values": values,
         "hold_to_keep_every_value": math.ceil(values / lanes),
         "graph_bytes_for_values": graphs,
-        "capture_s_for_values": (
-            None if profile.capture_s_per_value is None else values * profile.capture_s_per_value
+        "capture_s_for_values": capture_s,
+        "arrivals_s": arrivals_s,
+        "capture_lock_share": (
+            None if capture_s is None or not arrivals_s else round(capture_s / arrivals_s, 3)
         ),
         "peak_bytes_at_sessions": (
             None
@@ -198,4 +217,16 @@ def plan_text(fp: Footprint, predictions: list[dict]) -> str:
                 + ", captured between steps in "
                 + ("(not in the profile)" if secs is None else f"{secs:.0f} s")
             )
+            share = p.get("capture_lock_share")
+            if share is not None:
+                lines.append(
+                    f"    arriving over {p['arrivals_s']:g} s: captures hold {share:.0%} of one "
+                    "process's eager lock"
+                    + (
+                        "; at 100 % or more sessions queue behind captures (serve them from "
+                        "more processes)"
+                        if share >= 1
+                        else ""
+                    )
+                )
     return "\n".join(lines)

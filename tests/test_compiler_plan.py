@@ -73,6 +73,14 @@ def test_distinct_values_cost_their_graphs_and_their_captures(token2wav):
     assert many["graph_bytes_for_values"] == 36 * 100 * 2**20
     lost = (36 * 100 * 2**20 - 100 * 2**20) // token2wav.per_session_bytes
     assert one["sessions_by_memory"] - many["sessions_by_memory"] in (lost, lost + 1)
+    # arriving over 60 s, 72 s of captures are more than one process's eager lock
+    crowded = predict(token2wav, profile, lanes=8, values=36, arrivals_s=60.0)
+    assert crowded["capture_lock_share"] == 1.2
+    assert "captures hold 120% of one process's eager lock" in plan_text(token2wav, [crowded])
+    assert "queue behind captures" in plan_text(token2wav, [crowded])
+    calm = predict(token2wav, profile, lanes=8, values=36, arrivals_s=144.0)
+    assert calm["capture_lock_share"] == 0.5 and "queue" not in plan_text(token2wav, [calm])
+    assert many["capture_lock_share"] is None  # no arrival window given
     unmeasured = predict(token2wav, Profile(140 * 2**30, {8: 12 * 2**30}, {8: 36.0}), 8, values=36)
     assert unmeasured["graph_bytes_for_values"] is None
     assert "graphs not in the profile" in plan_text(token2wav, [unmeasured])
@@ -94,3 +102,5 @@ def test_clockc_plan_reads_a_profile_and_fails_cleanly(capsys, tmp_path):
     assert "missing.json" in capsys.readouterr().err
     assert main(["plan", contract, "--profile", str(profile), "--lanes", "3"]) == 2
     assert "no measurement for 3 lanes" in capsys.readouterr().err
+    assert main(["plan", contract, "--profile", str(profile), "--arrivals", "0"]) == 2
+    assert "--arrivals 0: seconds must be more than 0" in capsys.readouterr().err
