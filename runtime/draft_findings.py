@@ -314,10 +314,13 @@ def _carry(name, key, record, values, notes) -> CarryFinding | None:
     extents = [v.shape[axis] for v in values]
     heads: set[int] | None = None
     trimmed = False
-    for prev, nxt in zip(record, values[1:]):
+    for prev, nxt, call in zip(record, values[1:], record[1:]):
         history = _leaf_at(prev.result, rsteps)
         if history is nxt or (history.data_ptr() == nxt.data_ptr() and history.shape == nxt.shape):
             continue
+        # the argument as it was passed (a view of a buffer the call then rewrote holds
+        # that call's writes now; the recording cloned it on the way in)
+        nxt = call.inputs.get(key, nxt)
         if nxt.shape[axis] == history.shape[axis]:
             continue  # an equal copy: no trim
         found = _trim_heads(nxt, history, axis)

@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .draft_findings import RecordedCall, Trace, arg_leaves, infer_findings
 from .sites import Step, get_at, set_at
+from .trees import map_tensors
 from .streams import StreamSpec
 
 # aten ops that draw from a generator (by name: every variant of these families does)
@@ -187,6 +188,7 @@ def trace_stream(spec: StreamSpec, chunks: int) -> Trace:
     params: dict[str, list[str]] = {}
     chunk = [0]
     recorder = _Recorder()
+    results = _Results()
     for site in sites:
         stock = get_at(model, site)
         name = names[site]
@@ -197,7 +199,9 @@ def trace_stream(spec: StreamSpec, chunks: int) -> Trace:
         set_at(
             model,
             site,
-            _recording(model, name, stock, params[name], calls[name], chunk, recorder, spec.device),
+            _recording(
+                model, name, stock, params[name], calls[name], chunk, recorder, spec.device, results
+            ),
         )
     outputs = spec.drive(model, chunks)
     with recorder:
@@ -215,12 +219,49 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-def _recording(model, name, stock, params, record, chunk, recorder, device):
+class _Results:
+    """The recorded results, as they were when their calls returned. A result is kept
+    by reference (a copy of every one would double the trace's memory), but stock code
+    often returns views of buffers that a later call rewrites in place (Token2Wav's flow
+    returns its new attention caches as views of the workspace ``att_cache_buffer``):
+    before every hot call, each kept result's leaf that shares storage with a tensor of
+    the model's tree or with an argument of that call, which the call may write, is
+    replaced by a copy of itself."""
+
+    def __init__(self) -> None:
+        self.kept: list[RecordedCall] = []
+
+    def keep(self, entry: RecordedCall, result: Any) -> None:
+        entry.result = map_tensors(result, lambda t: t, copy=True)  # containers: ours
+        self.kept.append(entry)
+
+    def before_call(self, model_tensors: list, args: tuple, kwargs: dict) -> None:
+        writable = {t.untyped_storage().data_ptr() for _, t in model_tensors}
+        for leaf in _tensor_leaves((args, kwargs)):
+            writable.add(leaf.untyped_storage().data_ptr())
+
+        def own(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() in writable:
+                return t.detach().clone()
+            return t
+
+        for entry in self.kept:
+            entry.result = map_tensors(entry.result, own)
+
+
+def _tensor_leaves(x: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(x, lambda t: found.append(t) or t, copy=True)
+    return found
+
+
+def _recording(model, name, stock, params, record, chunk, recorder, device, results):
     def call(*args, **kwargs):
         entry = RecordedCall(
             chunk[0], args, kwargs, {}, autocast=_autocast_state(torch.device(device).type)
         )
         _, before = _walk(model)
+        results.before_call(before, args, kwargs)
         paths = {id(t): p for p, t in before}
         for key, leaf in arg_leaves(entry, params):
             if isinstance(leaf, torch.Tensor):
@@ -229,7 +270,8 @@ def _recording(model, name, stock, params, record, chunk, recorder, device):
         versions = {id(t): (p, _version(t)) for p, t in before}
         recorder.active = name
         try:
-            entry.result = stock(*args, **kwargs)
+            result = stock(*args, **kwargs)
+            results.keep(entry, result)
         finally:
             recorder.active = None
         _, after = _walk(model)
@@ -238,7 +280,7 @@ def _recording(model, name, stock, params, record, chunk, recorder, device):
             if seen is not None and seen[1] is not None and _version(t) != seen[1]:
                 entry.wrote.add(p)
         record.append(entry)
-        return entry.result
+        return result
 
     return call
 

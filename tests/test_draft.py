@@ -9,13 +9,14 @@ chunks bit for bit with stock, every call a hit.
 
 import torch
 from fuzzing import import_package
-from tiny_draft_model import CONTRACT, build, drive, stream
+from tiny_draft_model import CONTRACT, DH, F, KEEP, LEFT, H, TinyStreamer, build, drive, stream
 
 from duplexcadence.compiler.cli import main
 from duplexcadence.compiler.draft import render_draft, reserved_words
 from duplexcadence.compiler.driver import check_source, read_and_compile
 from duplexcadence.dsl.parser import parse
 from duplexcadence.runtime import FakeGraphBackend
+from duplexcadence.runtime.streams import StreamSpec
 from duplexcadence.runtime.trace_draft import trace_stream
 
 
@@ -138,3 +139,43 @@ def test_a_call_it_cannot_key_is_drafted_eager_with_the_reason():
     assert "  mode eager" in text
     assert "mode eager: replay keys every argument" in text and "is a _Box" in text
     assert not [d for d in check_source(text, "draft.clock").diagnostics if d.severity == "error"]
+
+
+class WorkspaceStreamer(TinyStreamer):
+    """The tiny model as Token2Wav's flow writes its caches: each layer's new KV is
+    copied into a workspace buffer of the model and returned as a view of it, so the
+    next call rewrites in place what the last one returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("workspace", torch.zeros(2, 1, 2, H, KEEP + 2 * F, DH))
+
+    def step(self, x, ctx, kv0, kv1):
+        xc = torch.cat([ctx, x], dim=2)
+        h = self.conv(xc).transpose(1, 2)
+        views = []
+        for i, (layer, kv) in enumerate(zip(self.layers, (kv0, kv1))):
+            h, new = layer(h, kv)
+            self.workspace[i, ..., : new.shape[3], :].copy_(new)
+            views.append(self.workspace[i, ..., : new.shape[3], :])
+        return h, xc[:, :, -LEFT:], views[0], views[1]
+
+
+def _workspace_stream() -> StreamSpec:
+    def build_workspace() -> WorkspaceStreamer:
+        torch.manual_seed(0)
+        return WorkspaceStreamer().eval()
+
+    return StreamSpec(build=build_workspace, drive=drive)
+
+
+def test_results_that_a_later_call_rewrites_in_place_are_recorded_as_returned():
+    """Each result is a view of the workspace the next call overwrites: the trace must
+    judge it by what the call returned (the carry grown by cat), not by what the buffer
+    holds at the end of the run."""
+    trace = trace_stream(_workspace_stream(), 6)
+    assert [(c.label, c.axis, c.retention, c.order) for c in trace.carries] == [
+        ("kv0", 3, ("window", (16,)), "append"),
+        ("kv1", 3, ("window", (16,)), "append"),
+    ]
+    assert trace.carries[0].extents == [0, 4, 8, 12, 16, 16]
