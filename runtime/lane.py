@@ -215,7 +215,7 @@ class Lane:
             name=k.name,
             classes=classes_at(b.decl, k, key),
             regions=self.regions,
-            write_through={w: (lambda w=w: self.write_through_tensor(w)) for w in wt},
+            write_through=self._write_through_getters(wt),
             read_write_through=self._write_through_reader(wt),
             declared_effect=k.effect,
             device=b.device,
@@ -294,6 +294,9 @@ class Lane:
             if k.replay
             for w in self._write_through_names(k)
         }
+        return self._write_through_getters(list(names))
+
+    def _write_through_getters(self, names: list[str]) -> dict[str, Callable[[], torch.Tensor]]:
         return {w: (lambda w=w: self.write_through_tensor(w)) for w in names}
 
     def write_through_tensor(self, name: str) -> torch.Tensor:
