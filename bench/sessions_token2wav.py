@@ -244,6 +244,21 @@ def server(arm: Arm, device: Any) -> Any:
     return (AdapterServer if arm.options.get("adapter") else StockServer)(arm, device)
 
 
+def _replicas(name: str, processes: int) -> Arm:
+    """The SRc adapter in ``processes`` serving processes on the GPU, 2 lanes each: every
+    process its own GIL and eager lock, so a new voice's capture and its eager steps
+    wait only for the voices of their own process."""
+    return Arm(
+        name,
+        "inproc",
+        f"SRc adapter, {processes} serving processes on the GPU (every {processes}th"
+        " session each), 2 lanes each",
+        options={"adapter": True, "lanes": 2, "graph_budget_mib": GRAPH_BUDGET_MIB},
+        needs_cuda=True,
+        processes=processes,
+    )
+
+
 SESSIONS = SessionWorkload(
     name="token2wav",
     arms=(
@@ -269,16 +284,8 @@ SESSIONS = SessionWorkload(
             options={"adapter": True, "lanes": 8, "graph_budget_mib": GRAPH_BUDGET_MIB},
             needs_cuda=True,
         ),
-        Arm(
-            "adapter_replicas",
-            "inproc",
-            "SRc adapter, 4 serving processes on the GPU (every 4th session each), 2 lanes each",
-            # every process its own GIL and eager lock: a new voice's capture and its
-            # eager steps wait only for the voices of their own process
-            options={"adapter": True, "lanes": 2, "graph_budget_mib": GRAPH_BUDGET_MIB},
-            needs_cuda=True,
-            processes=4,
-        ),
+        _replicas("adapter_replicas", 4),
+        _replicas("adapter_replicas8", 8),
         Arm(
             "adapter_lanes_hoststate",
             "inproc",
