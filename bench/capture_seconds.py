@@ -46,9 +46,9 @@ class PhaseTimers:
     them. Wrapped only in this measuring process."""
 
     def __init__(self) -> None:
-        import duplexcadence.runtime.backend as backend
-        import duplexcadence.runtime.capture_state as capture_state
-        import duplexcadence.runtime.replay as replay
+        import duplexcadence.runtime.engine.backend as backend
+        import duplexcadence.runtime.engine.capture_state as capture_state
+        import duplexcadence.runtime.engine.replay as replay
 
         self.seconds: Counter = Counter()
         self.calls: Counter = Counter()

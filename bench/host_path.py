@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from duplexcadence.runtime import FakeGraphBackend
-from duplexcadence.runtime.sites import get_at
+from duplexcadence.runtime.state.sites import get_at
 
 
 class NoReplayBackend(FakeGraphBackend):

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from duplexcadence.runtime.backend import default_generator, generator_state
+from duplexcadence.runtime.engine.backend import default_generator, generator_state
 
 from bench.cadence import Arm, Chunk, SessionSpec, SessionWorkload
 from bench.harness import Stream, replay

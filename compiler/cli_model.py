@@ -2,11 +2,11 @@
 
 Each imports torch and the runtime only when it runs (check, compile and plan work
 without torch). The user names a ``StreamSpec`` factory as ``pkg.mod:fn``
-(runtime/streams.py); the model is theirs, the contract is data.
+(runtime/tools/streams.py); the model is theirs, the contract is data.
 
 ``reproduce`` asks whether the stock model is a function of its input at all: two
 stock copies (in this process, or with ``--processes`` in two fresh ones) fed the
-same traffic, every op traced (runtime/reproduce.py). ``verify`` asks it first too
+same traffic, every op traced (runtime/tools/reproduce.py). ``verify`` asks it first too
 (``--reference``): a bound copy is only checkable against a reference that
 reproduces itself.
 """
@@ -36,7 +36,7 @@ def _load_user_stream(target: str):
     """The user's StreamSpec named `pkg.mod:fn` (verify, draft). Its module is the user's
     code in this folder, as pytest and uvicorn find theirs; a console script does not put
     the current folder on the path, so it is put there first."""
-    from duplexcadence.runtime.streams import StreamSpecError, load_stream_spec
+    from duplexcadence.runtime.tools.streams import StreamSpecError, load_stream_spec
 
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
@@ -47,12 +47,12 @@ def _load_user_stream(target: str):
 
 
 def cmd_verify(args) -> int:
-    """Stream a model beside its bound copy and compare bit for bit (runtime/verify.py).
+    """Stream a model beside its bound copy and compare bit for bit (runtime/tools/verify.py).
 
     The runtime is imported here, not at module import: check, compile and plan work
     without torch, and the compiler depends on the runtime only for this command."""
     from duplexcadence.compiler.loader import LoadError, forget, load_adapter
-    from duplexcadence.runtime.verify import BindRefused, verify_stream
+    from duplexcadence.runtime.tools.verify import BindRefused, verify_stream
 
     if args.chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
@@ -130,7 +130,7 @@ def cmd_draft(args) -> int:
         raise UsageError("--chunks must be at least 2 (a carry shows across calls)")
     from duplexcadence.compiler.draft import render_draft
     from duplexcadence.compiler.driver import check_source
-    from duplexcadence.runtime.trace_draft import trace_stream
+    from duplexcadence.runtime.tools.trace_draft import trace_stream
 
     spec = _load_user_stream(args.stream)
     text = render_draft(trace_stream(spec, args.chunks), args.name, source=args.stream)
@@ -150,8 +150,9 @@ def cmd_draft(args) -> int:
 
 def cmd_reproduce(args) -> int:
     """Two stock copies, the same traffic: does the model reproduce itself, and where
-    do the copies first part (runtime/reproduce.py)? Exit 0 reproducible, 1 not."""
-    from duplexcadence.runtime.reproduce import record_trace, reproduce_stream
+    do the copies first part (runtime/tools/reproduce.py)? Exit 0 reproducible, 1 not."""
+    from duplexcadence.runtime.tools.reproduce import reproduce_stream
+    from duplexcadence.runtime.tools.reproduce_records import record_trace
 
     if args.chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {args.chunks}")
@@ -181,7 +182,7 @@ def _two_processes(args, device: str):
     """Run ``clockc reproduce --record`` in two fresh interpreters at once (they share the
     device, as two servers would; deterministic kernels do not care) and compare the
     two traces."""
-    from duplexcadence.runtime.reproduce import compare_records
+    from duplexcadence.runtime.tools.reproduce_records import compare_records
 
     with tempfile.TemporaryDirectory(prefix="clockc-reproduce-") as tmp:
         paths = [Path(tmp) / f"copy{i}.jsonl" for i in (1, 2)]
@@ -216,13 +217,13 @@ def _stream_args(p) -> None:
         "--stream",
         required=True,
         metavar="MODULE:FUNCTION",
-        help="a function returning a duplexcadence.runtime.streams.StreamSpec",
+        help="a function returning a duplexcadence.runtime.tools.streams.StreamSpec",
     )
     p.add_argument("--chunks", type=int, default=20, help="chunks to compare (default 20)")
 
 
 def add_model_commands(sub) -> None:
-    """The subcommands that run a user's model (runtime/streams.py names it)."""
+    """The subcommands that run a user's model (runtime/tools/streams.py names it)."""
     verify = sub.add_parser(
         "verify",
         help="stream a model and its bound copy side by side; report the first divergence",
@@ -267,7 +268,7 @@ def add_model_commands(sub) -> None:
         "--stream",
         required=True,
         metavar="PKG.MOD:FN",
-        help="a function returning a StreamSpec (runtime/streams.py), importable from here",
+        help="a function returning a StreamSpec (runtime/tools/streams.py), importable from here",
     )
     draft.add_argument("--chunks", type=int, default=6, help="chunks to trace (default 6)")
     draft.add_argument("--name", default=None, help="contract name (default: the model's class)")

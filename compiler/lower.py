@@ -82,7 +82,7 @@ def _class_tree(args: list[ir.Arg], cls: CatalogClass, checked: Checked) -> dict
 
 
 def _flatten(tree: dict) -> list[tuple[str, Leaf]]:
-    """(path, leaf) in the order the runtime meets them (runtime/classes.py)."""
+    """(path, leaf) in the order the runtime meets them (runtime/engine/classes.py)."""
     out = []
     for v in tree.values():
         out += _flatten(v) if isinstance(v, dict) else [v]
@@ -180,7 +180,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         width=analysis.width,
         bound=analysis.bound,
         effect=EFFECT[k.effects],
-        # the autocast states each class is captured under (runtime/ambient.py)
+        # the autocast states each class is captured under (runtime/engine/ambient.py)
         ambient=tuple(None if v == "off" else v for a in k.ambient for v in a.values),
         aliased=_aliased(k, regions),
         layout_free=_layout_free(k),
@@ -196,7 +196,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
 
 # ---------------------------------------------------------------- regions
 def region_installs(c: ir.Contract) -> dict[str, str]:
-    """How bind() provides each region (runtime/declared.py): carry | allocate | stock
+    """How bind() provides each region (runtime/serving/declared.py): carry | allocate | stock
     | pinned | declared. A region with no site that no callable reads or writes
     documents the stock state (e.g. a vendor ring that already is demand-sized):
     bind() allocates nothing for it."""
@@ -217,7 +217,7 @@ def region_installs(c: ir.Contract) -> dict[str, str]:
 
 
 def _region_fields(r: ir.Region, a, numbers, install: str, pa) -> dict[str, FieldValue]:
-    """RegionTable's fields of one region (runtime/declared.py); None is left out.
+    """RegionTable's fields of one region (runtime/serving/declared.py); None is left out.
     With session parameters (compiler/params.py) `shape` is the domain's largest shape
     (the envelope) and `shape_shift` its per-dim terms: the runtime allocates a value's
     shape from them; attended extents and retention sizes shift per value too."""

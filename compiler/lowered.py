@@ -72,7 +72,7 @@ class CatalogRow:
 @dataclass(frozen=True)
 class Catalog:
     """`CatalogDecl(args, kwargs, rows=...)`: what every class shares, once, and one row
-    per class (runtime/classes.py expands it)."""
+    per class (runtime/engine/classes.py expands it)."""
 
     args: tuple[Node, ...]
     kwargs: tuple[tuple[str, Node], ...]
@@ -150,7 +150,7 @@ class Constant:
 
 @dataclass(frozen=True)
 class Fold:
-    """`FoldDecl(name, by, site=)`: weights folded once at bind (runtime/folds.py)."""
+    """`FoldDecl(name, by, site=)`: weights folded once at bind (runtime/state/folds.py)."""
 
     name: str
     by: str

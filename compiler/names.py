@@ -1,6 +1,6 @@
 """Which contract names may reach generated Python (CLK017).
 
-Generated code is data (runtime/declared.py): region, callable, constant and fold names reach
+Generated code is data (runtime/serving/declared.py): region, callable, constant and fold names reach
 it only as string keys, never as identifiers, so no contract name can shadow anything
 there. Names that *are* the generated module's own identifiers, and Python keywords,
 are still refused, so that a contract's tables never read like the code around them;

@@ -13,7 +13,7 @@ is linear in each parameter (CLK081), so two ends decide the whole domain:
   * region shapes shift the same way, per dim (``shape_shift``): a session's own
     copy of a region is allocated at its value's shape, a lane's at the largest
     value it serves (at bind: the default and the capture values; it grows when a
-    larger value comes, runtime/lane.py). ``shapes`` stays the domain's largest
+    larger value comes, runtime/serving/lane.py). ``shapes`` stays the domain's largest
     shape (the envelope, per dim the larger end): what a lane serving the top
     allocates, reported beside what one value needs;
   * the stock tensor at each region's site holds what bind() puts there at every

@@ -2,7 +2,7 @@
 
 Contract of this layer. From the validated contract and its analysis alone,
 ``footprint`` splits the memory a served contract needs by who owns it, following the
-region lifetimes (runtime/declared.py, runtime/sessions.py):
+region lifetimes (runtime/serving/declared.py, runtime/serving/sessions.py):
   * per session — every region of lifetime ``turn`` or ``session``: a session keeps
     its own copy of these between steps (declared-only regions too: they describe
     stock state the session owns, e.g. a vendor ring);
@@ -140,7 +140,7 @@ def predict(
     them all (its ``hold``), and the capture thread's seconds to capture them all.
 
     ``arrivals_s``: the values' first sessions arrive over this many seconds. A capture
-    holds the process's one eager lock (runtime/eager_lock.py), which the steps of values
+    holds the process's one eager lock (runtime/serving/eager_lock.py), which the steps of values
     not captured yet need too, so ``capture_lock_share`` (capture seconds per second of
     arrivals) is a floor on that lock's load: at 1 or more sessions queue behind captures
     whatever the GPU could do (measured on the H200: 16 values in 50 s, 0.8 of the lock in

@@ -1,7 +1,7 @@
 """The static half of the closed site language (CLK047, CLK050, CLK051).
 
 A site names a place in the model object's own attribute tree: attributes of
-objects and modules, items of plain containers. `runtime/sites.py` enforces the
+objects and modules, items of plain containers. `runtime/state/sites.py` enforces the
 language on the live object at `bind()` (no functions, modules, classes or
 builtins on the way); this module rejects at `clockc check` what the text alone
 already shows:

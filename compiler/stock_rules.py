@@ -1,7 +1,7 @@
 """What bind() requires of the stock tensor at a region's site, decided at check.
 
 Contract of this layer. bind() provides each region by its install
-(`lower.region_installs`, runtime/lane.py):
+(`lower.region_installs`, runtime/serving/lane.py):
 
   * `allocate` with a site: a region allocated at its shape, into which bind() copies
     the leading part of the stock tensor at the site (`runtime/binding.install_region`),

@@ -30,7 +30,7 @@ DEFAULT_BUDGET = 64
 MAX_BUDGET = 1000  # a catalog is captured graph by graph before traffic
 ROOT_CLOCK = "call"
 
-# Determinism settings the runtime knows how to pin (runtime/binding.py _SETTINGS;
+# Determinism settings the runtime knows how to pin (runtime/serving/binding.py _SETTINGS;
 # a test keeps the two lists equal without making the compiler import torch).
 KNOWN_SETTINGS = frozenset(
     {

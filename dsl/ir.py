@@ -224,7 +224,7 @@ class HostCounter(Node):
 
 class Ambient(Node):
     """`ambient autocast in {off, float16}`: the states of one ambient axis the callable
-    is called under; every class is captured once per state (runtime/ambient.py)."""
+    is called under; every class is captured once per state (runtime/engine/ambient.py)."""
 
     axis: str
     values: tuple[str, ...]

@@ -1,46 +1,33 @@
 """duplexcadence.runtime — the model-agnostic exact-replay runtime.
 
 Generated adapters import only this package (and torch). It names no model,
-decoder or operator and never imports the compiler. Layers, one concept each:
+decoder or operator and never imports the compiler. Its public names are the ones
+re-exported here (and ``duplexcadence.runtime.serve``, Ray, imported on demand); the
+modules behind them are laid out by concept, each folder's ``__init__`` saying what
+its layer guarantees, imports going one way only (tests/test_runtime_layers.py):
 
-  regions      RegionSpec, Region: one allocation, one address, views by extent
-  retention    HeadTail, Window, Ring: integer plans + stock references
-  carry        CarryRegion: retention by in-place writeback, audit, snapshot/restore
-  cow          CopyOnWrite: shared immutable state, private copy on first write
-  audit        bitwise comparison and divergence records
-  signature    signature_of, CatalogDispatch, Miss and the miss reasons
-  classes      CaptureClass, TensorSpec, RegionView (catalog entries by example),
-               CatalogDecl, OneOf (a catalog as rows)
-  effects      Effect, host RNG snapshot/compare
-  backend      CudaGraphBackend, FakeGraphBackend (the only CUDA-graph code)
-  host_program what a graph freezes of a call's host side; simulate checks it
-  outputs      the output rule (regions as-is, everything else cloned)
-  replay       ExactShapeReplay: capture_all, admission, replay, counters
-  capture_state CaptureSnapshot: what capture saves and puts back (transparency)
-  counters     HostCounter: host ints a stock body advances, kept by the engine
-  pins         pin_at: one tensor at a site the stock code rebinds every call
-  controls     disable switch, strict mode, ReplayMiss
-  ambient      the torch settings a replay keys on (autocast, backend flags, modes)
-  determinism  apply/restore/pin the contract's determinism settings
-  telemetry    the "duplexcadence" logger, format_report
-  declared     ContractDecl and its parts: what generated code declares (data only)
-  params       session parameters: a value's catalog, ParamError, graphs per value
-  lane         Lane: one set of regions, engines, pool, stream and generator
-  binding      Binding: what bind() installed; the eager section
-  binder       bind_contract, Dispatcher (what the model calls)
-  sessions     SessionPool, Session: many exact streams on one binding
-  undeclared   model tensors a contract leaves out, found before a second lane
-  trees        tensor leaves of containers; state kept in a model's shared objects
-  site_reads   SiteReads: many sites read per call, path rules checked once per chain
-  streams      StreamSpec: build a stock model, drive its loop (verify, draft)
-  calls        CallConvention: a caller's arguments in the contract's declared form
-  verify       verify_stream: a bound copy beside a stock copy, first divergence named
+  telemetry, controls, progress, audit   leaves: the logger and reports, the replay
+                                         switch and strict mode, progress bars,
+                                         bitwise comparison; they import no runtime
+  state/    where persistent tensors live: regions, retention, carry, cow, counters,
+            pins, folds, sites and site_reads, trees, layouts
+  engine/   one callable, one graph per exact signature: replay (+ replay_capture,
+            replay_telemetry, replay_entry), signature, classes, backend (the only
+            CUDA-graph code), host_program, hoist, effects, ambient, determinism,
+            capture_state, outputs, calls
+  serving/  a contract bound to a model: declared, binder, binding (+ binding_report,
+            capture_section), lane (+ lane_engines, lane_values), params, sessions
+            (the pool) and session, session_state, lane_scheduler, eager_lock,
+            undeclared
+  tools/    a bound model against its stock self: streams, verify, reproduce (+
+            reproduce_records, op_trace), paired_streams, trace_draft, draft_findings
+  serve/    Ray Serve: replicas per GPU, an ingress with session affinity
 """
 
 from .audit import AuditRecord, bitwise_equal, first_difference
-from .backend import CudaGraphBackend, FakeGraphBackend, GraphBackend
-from .carry import CarryRegion
-from .classes import (
+from .engine.backend import CudaGraphBackend, FakeGraphBackend, GraphBackend
+from .state.carry import CarryRegion
+from .engine.classes import (
     CaptureClass,
     CatalogDecl,
     OneOf,
@@ -49,7 +36,7 @@ from .classes import (
     materialize,
     staging_bytes,
 )
-from .counters import HostCounter
+from .state.counters import HostCounter
 from .controls import (
     ReplayMiss,
     replay_enabled,
@@ -59,21 +46,21 @@ from .controls import (
     strict,
     strict_mode,
 )
-from .cow import CopyOnWrite
-from .ambient import Autocast
-from .determinism import (
+from .state.cow import CopyOnWrite
+from .engine.ambient import Autocast
+from .engine.determinism import (
     KNOWN_SETTINGS,
     apply_settings,
     determinism_settings,
     pin_determinism,
     restore_settings,
 )
-from .effects import Effect
-from .outputs import OutputPlan
-from .regions import Region, RegionSpec
-from .replay import ExactShapeReplay
-from .retention import HeadTail, Retention, Ring, Segment, Window
-from .signature import CatalogDispatch, Miss, signature_and_leaves, signature_of
+from .engine.effects import Effect
+from .engine.outputs import OutputPlan
+from .state.regions import Region, RegionSpec
+from .engine.replay import ExactShapeReplay
+from .state.retention import HeadTail, Retention, Ring, Segment, Window
+from .engine.signature import CatalogDispatch, Miss, signature_and_leaves, signature_of
 from .telemetry import LOGGER, format_report
 
 __all__ = [
@@ -124,9 +111,9 @@ __all__ = [
 ]
 
 # Binding sites, the binder generated bind() functions call, lanes and sessions.
-from .binding import Binding, infer_device  # noqa: E402
-from .binder import Dispatcher, bind_contract  # noqa: E402
-from .declared import (  # noqa: E402
+from .serving.binding import Binding, infer_device  # noqa: E402
+from .serving.binder import Dispatcher, bind_contract  # noqa: E402
+from .serving.declared import (  # noqa: E402
     Aliased,
     CallableDecl,
     ConstantDecl,
@@ -137,11 +124,11 @@ from .declared import (  # noqa: E402
     RegionTable,
     Retains,
 )
-from .folds import FoldError  # noqa: E402
-from .lane import Lane, LaneError  # noqa: E402
-from .params import ParamDecl, ParamError  # noqa: E402
-from .pins import pin_at  # noqa: E402
-from .sessions import (  # noqa: E402
+from .state.folds import FoldError  # noqa: E402
+from .serving.lane import Lane, LaneError  # noqa: E402
+from .serving.params import ParamDecl, ParamError  # noqa: E402
+from .state.pins import pin_at  # noqa: E402
+from .serving.sessions import (  # noqa: E402
     NoLaneAvailable,
     Session,
     SessionBusy,
@@ -149,7 +136,7 @@ from .sessions import (  # noqa: E402
     SessionPool,
     SessionRequired,
 )
-from .sites import (
+from .state.sites import (
     SiteError,
     get_at,
     has_site,

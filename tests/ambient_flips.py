@@ -1,4 +1,4 @@
-"""How to change each ambient setting for one call (runtime/ambient.py keys them all).
+"""How to change each ambient setting for one call (runtime/engine/ambient.py keys them all).
 
 Shared by tests/test_runtime_ambient.py (CPU, fake backend) and
 tests/test_runtime_cuda.py (real graphs). A setting added to ``ambient.SETTINGS``
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from duplexcadence.runtime import ambient
+from duplexcadence.runtime.engine import ambient
 
 
 def _set_attr(name: str, value):

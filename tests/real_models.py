@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from duplexcadence.runtime import materialize, signature_of
-from duplexcadence.runtime.sites import get_at, set_at
+from duplexcadence.runtime.state.sites import get_at, set_at
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -16,8 +16,8 @@ from duplexcadence.compiler.draft import render_draft, reserved_words
 from duplexcadence.compiler.driver import check_source, read_and_compile
 from duplexcadence.dsl.parser import parse
 from duplexcadence.runtime import FakeGraphBackend
-from duplexcadence.runtime.streams import StreamSpec
-from duplexcadence.runtime.trace_draft import trace_stream
+from duplexcadence.runtime.tools.streams import StreamSpec
+from duplexcadence.runtime.tools.trace_draft import trace_stream
 
 
 def test_trace_finds_the_carries_and_the_hot_callable():
@@ -120,7 +120,7 @@ class _BoxModel(torch.nn.Module):
 
 
 def _box_stream():
-    from duplexcadence.runtime.streams import StreamSpec
+    from duplexcadence.runtime.tools.streams import StreamSpec
 
     def build():
         torch.manual_seed(0)

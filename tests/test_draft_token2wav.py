@@ -44,8 +44,8 @@ from bench.workloads import token2wav as W  # noqa: E402
 
 from duplexcadence.compiler.draft import render_draft  # noqa: E402
 from duplexcadence.compiler.driver import check_source  # noqa: E402
-from duplexcadence.runtime.streams import StreamSpec  # noqa: E402
-from duplexcadence.runtime.trace_draft import trace_stream  # noqa: E402
+from duplexcadence.runtime.tools.streams import StreamSpec  # noqa: E402
+from duplexcadence.runtime.tools.trace_draft import trace_stream  # noqa: E402
 
 SEED = 0
 

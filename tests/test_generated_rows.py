@@ -30,9 +30,9 @@ from duplexcadence.runtime import (
     Window,
     parse_path,
 )
-from duplexcadence.runtime.params import ParamDecl
-from duplexcadence.runtime.regions import RegionSpec
-from duplexcadence.runtime.sites import format_path
+from duplexcadence.runtime.serving.params import ParamDecl
+from duplexcadence.runtime.state.regions import RegionSpec
+from duplexcadence.runtime.state.sites import format_path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACTS = sorted((ROOT / "contracts").glob("*.clock"))

@@ -14,7 +14,7 @@ from fuzzing import import_package
 from duplexcadence.compiler.driver import check_source, compile_source
 from duplexcadence.dsl import parser, printer
 from duplexcadence.runtime import FakeGraphBackend, SiteError
-from duplexcadence.runtime.sites import get_at, parse_path, require_sites, set_at
+from duplexcadence.runtime.state.sites import get_at, parse_path, require_sites, set_at
 
 CONTRACT = """
 contract idsites

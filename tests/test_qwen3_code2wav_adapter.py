@@ -28,7 +28,7 @@ from real_models import one_intra_op_thread  # noqa: F401 (autouse fixture)
 from real_models import contract_bytes_per_session, layout, predicted_signatures, recording
 
 from duplexcadence.runtime import FakeGraphBackend, signature_of
-from duplexcadence.runtime.lane import _contiguous
+from duplexcadence.runtime.serving.lane import _contiguous
 
 from bench.workloads import qwen3_code2wav as W
 

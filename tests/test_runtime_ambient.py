@@ -21,8 +21,8 @@ from duplexcadence.runtime import (
     restore_settings,
     strict,
 )
-from duplexcadence.runtime import ambient
-from duplexcadence.runtime.binding import Binding
+from duplexcadence.runtime.engine import ambient
+from duplexcadence.runtime.serving.binding import Binding
 
 
 def step(x, w):

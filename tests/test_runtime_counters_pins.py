@@ -1,4 +1,4 @@
-"""Host counters and pinned regions (runtime/counters.py, runtime/pins.py) on CPU.
+"""Host counters and pinned regions (runtime/state/counters.py, runtime/state/pins.py) on CPU.
 
 The fake backend re-runs the Python body on "replay"; most tests here use bodies that
 do not touch the counter themselves (as a real graph would not): what is checked is
@@ -25,7 +25,7 @@ from duplexcadence.runtime import (
     pin_at,
     set_replay_enabled,
 )
-from duplexcadence.runtime.signature import COUNTER_BEFORE_START
+from duplexcadence.runtime.engine.signature import COUNTER_BEFORE_START
 
 
 @pytest.fixture(autouse=True)

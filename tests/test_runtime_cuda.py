@@ -263,7 +263,7 @@ def test_a_failed_capture_leaves_the_pool_usable():
     """A capture that fails (here a host sync inside it) must leave neither the
     allocator recording into the pool nor the generator capturing: the next capture
     into the same pool succeeds and replays, and eager draws still work."""
-    from duplexcadence.runtime.backend import CudaGraphBackend
+    from duplexcadence.runtime.engine.backend import CudaGraphBackend
 
     backend = CudaGraphBackend()
     pool = backend.new_pool(DEV)
@@ -315,7 +315,7 @@ def test_audit_catches_wrong_declaration_on_first_divergent_call():
 def test_host_built_constants_and_istft_are_captured_exactly():
     """A callable that rebuilds a constant on the host and calls torch.istft every call
     (both forbid capture as written) replays bit-exact through the hoisted constants."""
-    from duplexcadence.runtime.hoist import istft_without_host_check
+    from duplexcadence.runtime.engine.hoist import istft_without_host_check
 
     dev = torch.device("cuda")
     window = torch.hann_window(16, periodic=True, device=dev)
@@ -355,7 +355,8 @@ def test_host_built_constants_and_istft_are_captured_exactly():
 # ------------------------------------------------------------------ ambient state
 from ambient_flips import flipped  # noqa: E402
 
-from duplexcadence.runtime import Autocast, ambient  # noqa: E402
+from duplexcadence.runtime import Autocast  # noqa: E402
+from duplexcadence.runtime.engine import ambient  # noqa: E402
 
 FLIPPED = [n for n in ambient.names("cuda") if n != "cuda.current_device"]
 

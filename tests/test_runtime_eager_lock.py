@@ -1,4 +1,4 @@
-"""The eager section's lock (runtime/eager_lock.py): arrival order, reentrancy, and
+"""The eager section's lock (runtime/serving/eager_lock.py): arrival order, reentrancy, and
 the hand-over a background capture makes between two classes."""
 
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from duplexcadence.runtime.eager_lock import EagerLock
+from duplexcadence.runtime.serving.eager_lock import EagerLock
 
 
 def _queue_up(lock: EagerLock, name: str, order: list, hold_s: float = 0.0) -> threading.Thread:

@@ -1,4 +1,4 @@
-"""Folded weight norm (runtime/folds.py) on a tiny conv net with both weight-norm styles.
+"""Folded weight norm (runtime/state/folds.py) on a tiny conv net with both weight-norm styles.
 
 The net mixes old-style ``torch.nn.utils.weight_norm`` (a forward pre-hook, ``weight_g``
 and ``weight_v``) and new-style ``parametrizations.weight_norm`` (``original0``/``1``).
@@ -164,7 +164,7 @@ def test_unbind_restores_the_stock_modules_exactly() -> None:
 
 
 def test_a_bind_that_fails_after_folding_puts_the_stock_modules_back(monkeypatch) -> None:
-    from duplexcadence.runtime import binder
+    from duplexcadence.runtime.serving import binder
 
     def no_lane(*args, **kwargs):
         raise RuntimeError("out of memory building lane 0")

@@ -1,4 +1,4 @@
-"""HostConstants (runtime/hoist.py): which host-to-device copies it serves, which it
+"""HostConstants (runtime/engine/hoist.py): which host-to-device copies it serves, which it
 leaves alone. A ``meta`` engine stands in for a device one on the CPU (a `.to("meta")`
 leaves the host as a `.to("cuda")` does)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from duplexcadence.runtime import CaptureClass, ExactShapeReplay, FakeGraphBackend, TensorSpec
-from duplexcadence.runtime.hoist import HostConstants
+from duplexcadence.runtime.engine.hoist import HostConstants
 
 
 def test_a_host_constant_copied_to_the_device_is_served_from_one_buffer() -> None:

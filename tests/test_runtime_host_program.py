@@ -14,7 +14,7 @@ from duplexcadence.runtime import (
     TensorSpec,
     strict,
 )
-from duplexcadence.runtime.host_program import record, run_checked
+from duplexcadence.runtime.engine.host_program import record, run_checked
 
 
 class Steady:
@@ -167,7 +167,7 @@ def test_fewer_ops_than_the_capture_is_a_difference():
 
 
 def test_verify_never_accepts_a_stale_host_value():
-    from duplexcadence.runtime.verify import Verdict
+    from duplexcadence.runtime.tools.verify import Verdict
 
     why = "class T: op #0 aten.arange.start, argument 0: 6 now, 3 at capture"
     replay = {"calls": 5, "hits": 2, "misses": {"stale_host_value": 3},

@@ -1,4 +1,4 @@
-"""The lane scheduler on its own (runtime/lane_scheduler.py): lanes are plain names,
+"""The lane scheduler on its own (runtime/serving/lane_scheduler.py): lanes are plain names,
 what each holds a dict, a capture a function that records its calls. The session pool
 tests (test_runtime_params.py) run it with real lanes and bit-exact outputs."""
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from duplexcadence.runtime.lane_scheduler import LaneScheduler, NoLaneAvailable
+from duplexcadence.runtime.serving.lane_scheduler import LaneScheduler, NoLaneAvailable
 
 
 class Lanes:

@@ -1,4 +1,4 @@
-"""Session parameters at run time (runtime/params.py) on the CPU with the fake graph backend.
+"""Session parameters at run time (runtime/serving/params.py) on the CPU with the fake graph backend.
 
 A toy stream whose prompt length is per session, as Token2Wav's voice prompt: the
 stock driver keeps `cat(cache[:p], cache[-R:])` with `p` the session's own prompt
@@ -17,9 +17,9 @@ import time
 import pytest
 import torch
 
-from duplexcadence.runtime.layouts import moved_view
-from duplexcadence.runtime.params import resolve, shape_at
-from duplexcadence.runtime.sites import get_at
+from duplexcadence.runtime.state.layouts import moved_view
+from duplexcadence.runtime.serving.params import resolve, shape_at
+from duplexcadence.runtime.state.sites import get_at
 from duplexcadence.runtime import (
     Aliased,
     CallableDecl,
@@ -436,7 +436,7 @@ def test_cuda_sessions_of_different_values_replay_real_graphs_exactly():
 
 
 def test_a_lanes_graphs_are_evicted_past_its_memory_budget():
-    from duplexcadence.runtime.params import ValueGraphs
+    from duplexcadence.runtime.serving.params import ValueGraphs
 
     class Engine:
         def __init__(self, nbytes):
@@ -502,7 +502,7 @@ def test_a_capture_between_steps_saves_no_session_state_and_a_plain_binding_save
     their contents back (saved on the host). A pool lane holds nobody's state between
     steps (each step loads its session's regions and takes them back), so the
     scheduler's capture there copies none; the sessions stay exact."""
-    import duplexcadence.runtime.capture_state as capture_state
+    import duplexcadence.runtime.engine.capture_state as capture_state
 
     saved: list[tuple] = []
     host_copy = capture_state._host_copy

@@ -13,8 +13,9 @@ import torch
 
 import tiny_stream_model as T
 import unsteady_model as U
-from duplexcadence.runtime.op_trace import fingerprint, state_tensors
-from duplexcadence.runtime.reproduce import compare_records, record_trace, reproduce_stream
+from duplexcadence.runtime.tools.op_trace import fingerprint, state_tensors
+from duplexcadence.runtime.tools.reproduce import reproduce_stream
+from duplexcadence.runtime.tools.reproduce_records import compare_records, record_trace
 
 TESTS = Path(__file__).parent
 
@@ -142,7 +143,7 @@ def test_clockc_reproduce_usage_errors():
 
 
 def test_verify_refuses_a_reference_that_does_not_reproduce():
-    from duplexcadence.runtime.verify import verify_stream
+    from duplexcadence.runtime.tools.verify import verify_stream
 
     adapter = T.adapter()
     verdict = verify_stream(adapter.bind, U.stream(), 5, reference_check=True)

@@ -1,4 +1,4 @@
-"""Sessions on one binding (runtime/sessions.py) on the CPU with the fake graph backend.
+"""Sessions on one binding (runtime/serving/sessions.py) on the CPU with the fake graph backend.
 
 A synthetic streaming step with the shapes of the real ones: a per-session carry
 (head ++ tail retention, trimmed by the stock driver after the call, aliased by the

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from duplexcadence.runtime import CatalogDispatch, Miss, signature_of
-from duplexcadence.runtime.signature import signature_and_leaves
+from duplexcadence.runtime.engine.signature import signature_and_leaves
 
 
 class Mode(enum.Enum):

@@ -1,4 +1,4 @@
-"""SiteReads (runtime/site_reads.py): many sites read on every call as ``get_at`` reads
+"""SiteReads (runtime/state/site_reads.py): many sites read on every call as ``get_at`` reads
 them, with the path rules checked once per chain of objects. Every change of an object
 a path passes through is read again through ``get_at``: the new value, or its SiteError."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from duplexcadence.runtime import SiteError
-from duplexcadence.runtime.site_reads import SiteReads
-from duplexcadence.runtime.sites import get_at, parse_path
+from duplexcadence.runtime.state.site_reads import SiteReads
+from duplexcadence.runtime.state.sites import get_at, parse_path
 
 SITES = {
     "a": parse_path("stream.states[id(net.layers[1])]"),

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from duplexcadence.runtime.streams import StreamSpec, StreamSpecError, load_stream_spec
+from duplexcadence.runtime.tools.streams import StreamSpec, StreamSpecError, load_stream_spec
 
 
 def _spec() -> StreamSpec:

@@ -15,9 +15,9 @@ import torch
 import tiny_stream_model as tiny
 from duplexcadence.compiler import cli, loader
 from duplexcadence.runtime import ExactShapeReplay, FakeGraphBackend
-from duplexcadence.runtime.calls import CallConvention
-from duplexcadence.runtime.classes import CaptureClass, TensorSpec
-from duplexcadence.runtime.verify import verify_stream
+from duplexcadence.runtime.engine.calls import CallConvention
+from duplexcadence.runtime.engine.classes import CaptureClass, TensorSpec
+from duplexcadence.runtime.tools.verify import verify_stream
 
 WINDOW_12 = {"window(f_keep)": "window(12 frame)", "until f_keep": "until 12 frame"}
 

@@ -34,7 +34,7 @@ from duplexcadence.generated import (  # noqa: E402
     stepaudio2_token2wav_step_replay_only as step_replay_only_adapter,
 )
 from duplexcadence.runtime import materialize  # noqa: E402
-from duplexcadence.runtime.signature import signature_and_leaves  # noqa: E402
+from duplexcadence.runtime.engine.signature import signature_and_leaves  # noqa: E402
 
 SEED = 0
 N_CHUNKS = 6  # 5 steady chunks (the stock trim fires on chunks 3, 4 and 5) + the final one

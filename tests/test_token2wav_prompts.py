@@ -29,8 +29,8 @@ from bench.workloads import token2wav as W  # noqa: E402
 
 from duplexcadence.generated import stepaudio2_token2wav as adapter  # noqa: E402
 from duplexcadence.runtime import materialize  # noqa: E402
-from duplexcadence.runtime.params import classes_at  # noqa: E402
-from duplexcadence.runtime.signature import signature_and_leaves  # noqa: E402
+from duplexcadence.runtime.serving.params import classes_at  # noqa: E402
+from duplexcadence.runtime.engine.signature import signature_and_leaves  # noqa: E402
 
 SEED = 0
 N_CHUNKS = 4  # 3 steady chunks (the stock trim fires on the third) + the final one

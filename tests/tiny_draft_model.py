@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from duplexcadence.runtime.streams import StreamSpec
+from duplexcadence.runtime.tools.streams import StreamSpec
 
 C, H, DH, F, KEEP, K = 8, 2, 4, 4, 16, 3  # channels, heads, head dim, frames/chunk, kept, kernel
 LEFT = K - 1  # conv left context

@@ -6,7 +6,7 @@ attention layers whose KV grows by ``torch.cat`` inside the call and is trimmed 
 the newest ``KEEP`` frames by the driver (``TinyStreamer.push``) after it. The state
 lives on the model object (``model.cache``), so a contract can name its sites.
 
-``stream(...)`` returns the ``StreamSpec`` (runtime/streams.py) ``verify`` takes;
+``stream(...)`` returns the ``StreamSpec`` (runtime/tools/streams.py) ``verify`` takes;
 ``CONTRACT`` is a correct contract for it and ``contract(**edits)`` a variant with
 the mistakes of the issue's table; ``adapter(text)`` compiles contract text in
 process and imports its generated package (``clockc verify`` takes a .clock path).
@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from duplexcadence.runtime.streams import StreamSpec
+from duplexcadence.runtime.tools.streams import StreamSpec
 
 CHANNELS, LEFT, KEEP, CHUNK, WIDTH = 32, 2, 16, 4, 32
 SHORT_AT, SHORT = 10, 3  # the short chunk of the short-chunk stream: index, frames

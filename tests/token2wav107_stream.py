@@ -49,7 +49,7 @@ def main() -> int:
         print(json.dumps({"unavailable": reason}))
         return 0
     from duplexcadence.generated import stepaudio2_token2wav107 as adapter
-    from duplexcadence.runtime.backend import FakeGraphBackend
+    from duplexcadence.runtime.engine.backend import FakeGraphBackend
 
     # One build (minutes on a shared CPU): the stock turn, then the same turn again with
     # the adapter bound, re-primed and captured in the order bench SRc does it (bind, the

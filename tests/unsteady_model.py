@@ -15,7 +15,7 @@ import os
 import torch
 
 import tiny_stream_model as T
-from duplexcadence.runtime.streams import StreamSpec
+from duplexcadence.runtime.tools.streams import StreamSpec
 
 AT = 2
 ELEMENT = (0, 1, 3)

@@ -51,7 +51,7 @@ def run_metrics(results: Sequence[dict], deadline_ms: float, busy: float | None)
     }
 
 
-# what a session pool counts per run (runtime/sessions.py, lane_scheduler.py)
+# what a session pool counts per run (runtime/serving/sessions.py, lane_scheduler.py)
 POOL_COUNTERS = (
     "affinity_hits", "affinity_misses", "eager_steps", "background_captures",
     "background_capture_s", "capture_errors",

@@ -131,7 +131,7 @@ class Workload:
     deadline_ms: float | None = None
     module: str = ""  # what workers run as ``python -m``; default ``bench.<name>``
     # settings pinned in EVERY cell beside the harness's envelope, the reference included
-    # (runtime/determinism.py names): what the workload's reference needs to reproduce
+    # (runtime/engine/determinism.py names): what the workload's reference needs to reproduce
     # itself, e.g. Moshi's {"cuda.cudnn_sdp": False}
     determinism: Mapping[str, bool] = field(default_factory=dict)
 

@@ -209,15 +209,15 @@ def stream_spec(
     seed: int = 0,
     determinism: dict[str, bool] | None = None,
 ) -> Any:
-    """The stock loop as a ``StreamSpec`` (runtime/streams.py), for ``clockc reproduce``
+    """The stock loop as a ``StreamSpec`` (runtime/tools/streams.py), for ``clockc reproduce``
     and ``clockc verify``: ``build()`` is ``build_moshi`` under the bench's envelope
     (cuDNN deterministic, no benchmark); ``drive()`` runs ``step_frame`` on the seeded
     frames with the vendor's CUDA graphs and ``torch.compile`` off (the eager reference)
     and yields ``{"tokens", "pcm"}`` per frame (None before the LM's first output).
-    ``determinism``: the settings pinned at build beside cuDNN's (runtime/determinism.py
+    ``determinism``: the settings pinned at build beside cuDNN's (runtime/engine/determinism.py
     names; default ``DETERMINISM``)."""
-    from duplexcadence.runtime.determinism import apply_settings
-    from duplexcadence.runtime.streams import StreamSpec
+    from duplexcadence.runtime.engine.determinism import apply_settings
+    from duplexcadence.runtime.tools.streams import StreamSpec
 
     def build() -> Any:
         apply_settings(

@@ -38,7 +38,8 @@ from typing import Any, Mapping
 import ray
 from ray import serve
 
-from .app import DEAD, on_transport
+from .app import on_transport
+from .liveness import DEAD
 from .config import TRANSPORTS
 from .errors import ServeError, SessionLost, plain
 from .journal import Journal

@@ -1,7 +1,7 @@
 """A served model: how a replica builds and binds the model, and runs one session.
 
 Contract of this layer: the user names a factory returning a ``ServedModel`` as
-``package.module:function`` (the convention of runtime/streams.py, ``load_target``);
+``package.module:function`` (the convention of runtime/tools/streams.py, ``load_target``);
 the replica (replica.py) calls it once per process. ``build(device, bind)`` returns the
 stock model with seeded weights on ``device`` and calls ``bind(model)`` once — where
 the contract's binding belongs (before a prompt is primed, say; if it never does, the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from duplexcadence.runtime.streams import load_target
+from duplexcadence.runtime.tools.streams import load_target
 
 
 def _reset(session: Any) -> None:

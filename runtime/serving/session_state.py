@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from .layouts import copy_block
+from ..state.layouts import copy_block
 from .params import spec_at
-from .regions import LayoutError, Region
-from .trees import map_tensors
+from ..state.regions import LayoutError, Region
+from ..state.trees import map_tensors
 
 
 class SessionError(RuntimeError):

@@ -3,7 +3,7 @@
 Contract of this layer. Eager code reads scratch through the model's sites, which all
 lanes share (binding.py), so one eager call runs at a time. Served with many voices,
 two kinds of work queue for it: sessions' eager steps (a few hundred ms each) and the
-pool's background captures, which hold it one class at a time (binding.CaptureSection).
+pool's background captures, which hold it one class at a time (capture_section.CaptureSection).
 A plain ``threading.RLock`` wakes an arbitrary waiter: measured on the H200 with 16
 voices, a value's capture took 12–16 s under load instead of 3.5 s idle, waiting
 behind whichever eager steps won the race. This lock serves waiters in arrival order,

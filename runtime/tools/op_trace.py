@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .audit import _as_bits
+from ..audit import _as_bits
 
 # Per copy and chunk, op outputs kept as device clones up to this many bytes; past it
 # only fingerprints (a difference is still found, without its values).

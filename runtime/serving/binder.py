@@ -23,15 +23,15 @@ from typing import Any
 
 import torch
 
-from .backend import FakeGraphBackend
+from ..engine.backend import FakeGraphBackend
 from .binding import Binding, infer_device
 from .declared import ContractDecl
-from .determinism import apply_settings
-from .folds import apply_folds, plan_folds
+from ..engine.determinism import apply_settings
+from ..state.folds import apply_folds, plan_folds
 from .lane import Lane
 from .params import resolve
-from .sessions import SessionRequired, current_run
-from .sites import get_at, require_sites, set_at
+from .session import SessionRequired, current_run
+from ..state.sites import get_at, require_sites, set_at
 
 
 class Dispatcher:

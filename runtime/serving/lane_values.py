@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any, Container
 
 import torch
 
-from .layouts import copy_block
+from ..state.layouts import copy_block
 from .params import ParamKey, label, shape_at, widest
-from .regions import Region
-from .signature import VALUE_NOT_CAPTURED
-from .sites import get_at, set_at, update_at
+from ..state.regions import Region
+from ..engine.signature import VALUE_NOT_CAPTURED
+from ..state.sites import get_at, set_at, update_at
 
 if TYPE_CHECKING:
     from .lane import Lane
@@ -283,7 +283,7 @@ def merge_retired(retired: list[dict], now: dict) -> dict:
     """A shared engine's stats with those of the engines a grow dropped before it."""
     if not retired:
         return now
-    from .telemetry import merge_lane_stats
+    from ..telemetry import merge_lane_stats
 
     out = dict(merge_lane_stats([*retired, now]))
     out.pop("lanes", None)

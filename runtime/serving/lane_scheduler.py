@@ -20,7 +20,7 @@ voice per user, a pool meets many values; what the scheduler guarantees:
   first: it takes one only when no step waits, or after ``patience_s``, when the next
   lane released is its — captures the
   value there (``capture(lane, key)``, one class at a time under the eager lock:
-  binding.CaptureSection; the lane's least recently used value is evicted past its
+  capture_section.CaptureSection; the lane's least recently used value is evicted past its
   hold or graph budget) and puts the lane back.
 * Which values a lane holds changes only there (steps never capture, and pools size
   their lanes for the whole declared domain, so they never grow), so the scheduler
@@ -42,11 +42,25 @@ import weakref
 from collections import Counter, OrderedDict
 from typing import Any, Callable, Hashable
 
-from .telemetry import LOGGER
+from ..telemetry import LOGGER
 
 
 class NoLaneAvailable(TimeoutError):
     """No lane became free within the pool's timeout."""
+
+
+# what stats() counts, from zero
+COUNTERS: dict[str, float] = {
+    "steps": 0,
+    "affinity_hits": 0,
+    "affinity_misses": 0,
+    "eager_steps": 0,  # steps on a lane without their value's graphs
+    "background_captures": 0,
+    "background_capture_s": 0.0,
+    "capture_errors": 0,
+    "lane_wait_s": 0.0,
+    "max_lane_wait_s": 0.0,
+}
 
 
 class LaneScheduler:
@@ -83,17 +97,7 @@ class LaneScheduler:
         self._failed: set[Hashable] = set()  # a value whose capture raised runs eager
         self._stopped = False
         self._thread: threading.Thread | None = None
-        self.counters = {
-            "steps": 0,
-            "affinity_hits": 0,
-            "affinity_misses": 0,
-            "eager_steps": 0,  # steps on a lane without their value's graphs
-            "background_captures": 0,
-            "background_capture_s": 0.0,
-            "capture_errors": 0,
-            "lane_wait_s": 0.0,
-            "max_lane_wait_s": 0.0,
-        }
+        self.counters = dict(COUNTERS)
 
     # ---------------------------------------------------------------- sessions
     def opened(self, key: Hashable) -> None:
@@ -194,7 +198,7 @@ class LaneScheduler:
         """Queue ``key`` for one more lane (the caller holds the lock)."""
         if self._capture is None or key in self._wanted or key in self._capturing:
             return
-        if key in self._failed:
+        if key in self._failed:  # its capture raised: its steps keep running eager
             return
         if self._lanes_holding(key) >= self._lanes_wanted(key):
             return

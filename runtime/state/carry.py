@@ -27,10 +27,10 @@ from typing import Callable
 
 import torch
 
-from .audit import AuditRecord, bitwise_equal, first_difference
+from ..audit import AuditRecord, bitwise_equal, first_difference
 from .regions import Region, RegionSpec
 from .retention import Retention
-from .telemetry import LOGGER
+from ..telemetry import LOGGER
 
 # stock(history, axis, prev, written) -> retained tensor, same signature as
 # ``Retention.reference``.

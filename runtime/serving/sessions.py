@@ -44,48 +44,23 @@ bound callables should be served on one lane.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import itertools
 import threading
 import time
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from contextlib import nullcontext
+from typing import Any, Callable
 
 import torch
 
-from .backend import capture_stream, drawing_from, generator_state
+from ..engine.backend import capture_stream
+from ..state.regions import Region
+from ..state.trees import SharedState
 from .lane_scheduler import LaneScheduler, NoLaneAvailable
 from .params import ParamError, ParamKey, resolve
-from .regions import Region
-from .session_state import SessionError, SessionState, _TurnStart
-from .trees import SharedState
+from .session import Session, SessionBusy, SessionRequired, current_run
+from .session_state import SessionError, _TurnStart
 from .undeclared import watching_undeclared_writes
-
-
-class SessionRequired(RuntimeError):
-    """A bound callable was called outside every session of a pooled binding."""
-
-
-class SessionBusy(SessionError):
-    pass
-
-
-@dataclass(frozen=True)
-class _Run:
-    binding: Any
-    session: "Session"
-    lane: Any
-
-
-_CURRENT: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
-    "duplexcadence_run", default=None
-)
-
-
-def current_run() -> _Run | None:
-    return _CURRENT.get()
 
 
 class SessionPool:
@@ -150,7 +125,7 @@ class SessionPool:
                 }
             )
         if lanes > 1:
-            self._add_lanes(lanes, capture=capture, progress=progress)
+            _add_lanes(self, lanes, capture=capture, progress=progress)
         binding.pool = self
         binding.keep_sites()
         self.lanes = list(binding.lanes[:lanes])
@@ -183,44 +158,6 @@ class SessionPool:
             raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
 
     # ------------------------------------------------------------------ lanes
-    def _add_lanes(self, k: int, *, capture: bool, progress: bool) -> None:
-        """Lanes 1..k-1, and a separate eager scratch set at the model's sites so that
-        no lane's graphs share memory with an eager call."""
-        from .lane import Lane
-
-        b = self.binding
-        with b.eager_lock:
-            for r in b.decl.regions.values():
-                if r.site is not None and r.install == "allocate":
-                    # at lane 0's shape: the largest value served yet (lane_values.py grows it)
-                    spec = dataclasses.replace(r.spec, shape=b.lanes[0].shapes[r.name])
-                    scratch = Region.allocate(spec, self.device)
-                    b.install_region(r.site, scratch)
-                    self.eager_scratch[r.name] = scratch
-            b.lanes[0].owns_sites = False
-            for i in range(1, k):
-                a0 = _allocated(self.device)
-                t0 = time.perf_counter()
-                lane = Lane(b, i, owns_sites=False)
-                if b.decl.params:
-                    lane.size_for(list(self.served))  # before its capture: nothing twice
-                b.lanes.append(lane)
-                if capture and i == 1:
-                    with watching_undeclared_writes(b.model, self._lane_storages()):
-                        lane.capture(progress=progress)
-                elif capture:
-                    lane.capture(progress=progress)
-                self.lane_capture.append(
-                    {
-                        "lane": i,
-                        "seconds": time.perf_counter() - t0,
-                        "regions_mib": lane.nbytes() / 2**20,
-                        "allocated_mib": (
-                            None if a0 is None else (_allocated(self.device) - a0) / 2**20
-                        ),
-                    }
-                )
-
     def _lane_storages(self) -> dict[int, tuple[Any, str]]:
         out: dict[int, tuple[Any, str]] = {}
         for lane in self.binding.lanes:
@@ -347,168 +284,49 @@ class SessionPool:
             }
 
     def report(self) -> str:
-        s = self.stats()
-        lines = [
-            f"  sessions: {s['open']} open, {s['closed']} closed on {s['lanes']} lane(s); "
-            f"{s['runs']} runs, lane wait {s['lane_wait_s']:.3f} s "
-            f"(longest {1e3 * s['max_lane_wait_s']:.1f} ms), "
-            f"{s['session_bytes'] / 2**20:.1f} MiB of session state, "
-            f"{s['turn_starts']} turn start(s) kept ({s['turn_start_bytes'] / 2**20:.1f} MiB)"
-        ]
-        if self.binding.decl.params:
-            lines.append(
-                f"  lanes by value: {s['affinity_hits']} steps on a lane holding their value, "
-                f"{s['affinity_misses']} not ({s['eager_steps']} of them run eager); "
-                f"{s['background_captures']} value(s) captured between steps in "
-                f"{s['background_capture_s']:.2f} s"
-                + (f", {s['capture_errors']} capture error(s)" if s["capture_errors"] else "")
-                + f"; eager sections waited {s['eager_lock_wait_s']:.3f} s for the eager lock "
-                f"(longest {1e3 * s['max_eager_lock_wait_s']:.1f} ms)"
-            )
-        for c in s["lane_capture"]:
-            alloc = "-" if c["allocated_mib"] is None else f"{c['allocated_mib']:.1f}"
-            lines.append(
-                f"  lane {c['lane']}: built and captured in {c['seconds']:.2f} s, "
-                f"regions {c['regions_mib']:.1f} MiB, allocated {alloc} MiB"
-            )
-        return "\n".join(lines)
-
-
-class Session(SessionState):
-    def __init__(
-        self,
-        pool: SessionPool,
-        sid: int,
-        obj: Any,
-        seed: int | None,
-        state: tuple[str, ...],
-        name: str | None,
-    ) -> None:
-        self.pool = pool
-        self.id = sid
-        self.name = name or f"session-{sid}"
-        self.obj = obj
-        self.state = state if obj is not None else ()
-        self.storage: dict[str, Region] = {}
-        self.host_state: dict[str, tuple] = {}
-        self.rng_state = generator_state(pool.device, seed)
-        self.turn_key: Any = None
-        self.runs = 0
-        self.closed = False
-        self._busy = threading.Lock()  # held by the step in flight, and by close()
-        self._stepping: int | None = None  # the thread running this session's step
-        self._pending_reset = False
-        self._turn_start: _TurnStart | None = None
-        self.shared: SharedState | None = None
-        self._shared_snapshot: list | None = None
-        self.params_key: tuple = pool.binding.params_key  # session-parameter values
-        self._relaid: dict[int, tuple] = {}
-
-    # ------------------------------------------------------------------- run
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` as this session's next step (module docstring)."""
-        if not callable(fn):
-            raise TypeError(f"run() needs a callable, got {type(fn).__name__}")
-        if self.closed:
-            raise SessionError(f"{self.name} is closed")
-        if not self._busy.acquire(blocking=False):
-            raise SessionBusy(
-                f"{self.name} is already running a step: a session's steps are sequential"
-            )
-        try:
-            if self.closed:  # closed by another thread since the check above
-                raise SessionError(f"{self.name} is closed")
-            self._stepping = threading.get_ident()
-            lane, _ = self.pool.scheduler.acquire(self.params_key)
-            try:
-                return self._run_on(lane, fn, args, kwargs)
-            finally:
-                self.pool.scheduler.release(lane)
-        finally:
-            self._stepping = None
-            self._busy.release()
-
-    def prime(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Like ``run``, for a step that runs model code outside the bound callables
-        which reads the model's shared scratch through its sites — priming a prompt
-        with the stock set-up, say: it runs in the eager section, with the model's
-        sites to itself, and its state is taken back before the section ends."""
-        return self.run(_Exclusive(fn), *args, **kwargs)
-
-    def _run_on(self, lane: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
-        pool = self.pool
-        # this session's parameter values: the lane's graphs for them, or, where it holds
-        # none, engines that run eager (the pool captures the value between steps) and
-        # its carries' retention; never a capture inside a step
-        lane.use(self.params_key, capture=False)
-        token = _CURRENT.set(_Run(pool.binding, self, lane))
-        exclusive = isinstance(fn, _Exclusive)
-        try:
-            with (
-                _on_stream(lane),
-                self._rng_on(lane),
-                pool.binding.eager_section(lane) if exclusive else nullcontext(),
-            ):
-                if self._pending_reset:
-                    self._restore_turn_start()
-                if self.shared is not None and self._shared_snapshot is not None:
-                    self.shared.load(self._shared_snapshot)
-                self._record_streams(lane)
-                result = (fn.fn if exclusive else fn)(*args, **kwargs)
-                copied = self._take_back()
-                if self.shared is not None:
-                    self._shared_snapshot = self.shared.save(self._shared_snapshot)
-            if lane.stream is not None:
-                lane.stream.synchronize()
-        finally:
-            _CURRENT.reset(token)
-        self.runs += 1
-        with pool._lock:
-            pool.counters["runs"] += 1
-            pool.counters["copied_out_bytes"] += copied
-        return result
-
-    @contextmanager
-    def _rng_on(self, lane: Any) -> Iterator[None]:
-        lane.rng.set_state(self.rng_state)
-        # one lane: the whole step draws from the session's state (no other step runs);
-        # several: only the bound callables do (graphs by registration, eager calls in
-        # the eager section)
-        whole = (
-            drawing_from(self.pool.device, lane.rng) if len(self.pool.lanes) == 1 else nullcontext()
-        )
-        try:
-            with whole:
-                yield
-        finally:
-            self.rng_state = lane.rng.get_state()
-
-    # ----------------------------------------------------------------- close
-    def close(self) -> None:
-        """Release the session's state (idempotent, from any thread). A step running on
-        another thread finishes first, with its answer (a client that hangs up mid-chunk
-        loses nothing it was owed); the step's own code may not close its session."""
-        if self._stepping == threading.get_ident():
-            raise SessionError(
-                f"{self.name}: close() called inside its own step; close it after run() returns"
-            )
-        with self._busy:
-            if self.closed:
-                return
-            self.closed = True
-            self.storage.clear()
-            self._shared_snapshot = None
-        self.pool._forget(self)
-
-    def nbytes(self) -> int:
-        shared = self.shared.nbytes(self._shared_snapshot) if self.shared is not None else 0
-        return sum(r.nbytes for r in self.storage.values()) + shared
-
-    def __repr__(self) -> str:
-        return f"<Session {self.name}: {self.runs} runs, {self.nbytes() / 2**20:.1f} MiB>"
+        return describe_pool(self.stats(), bool(self.binding.decl.params))
 
 
 # --------------------------------------------------------------------- helpers
+def _add_lanes(pool: SessionPool, k: int, *, capture: bool, progress: bool) -> None:
+    """``pool``'s lanes 1..k-1, and a separate eager scratch set at the model's sites so that
+    no lane's graphs share memory with an eager call."""
+    from .lane import Lane
+
+    b = pool.binding
+    with b.eager_lock:
+        for r in b.decl.regions.values():
+            if r.site is not None and r.install == "allocate":
+                # at lane 0's shape: the largest value served yet (lane_values.py grows it)
+                spec = dataclasses.replace(r.spec, shape=b.lanes[0].shapes[r.name])
+                scratch = Region.allocate(spec, pool.device)
+                b.install_region(r.site, scratch)
+                pool.eager_scratch[r.name] = scratch
+        b.lanes[0].owns_sites = False
+        for i in range(1, k):
+            a0 = _allocated(pool.device)
+            t0 = time.perf_counter()
+            lane = Lane(b, i, owns_sites=False)
+            if b.decl.params:
+                lane.size_for(list(pool.served))  # before its capture: nothing twice
+            b.lanes.append(lane)
+            if capture and i == 1:
+                with watching_undeclared_writes(b.model, pool._lane_storages()):
+                    lane.capture(progress=progress)
+            elif capture:
+                lane.capture(progress=progress)
+            pool.lane_capture.append(
+                {
+                    "lane": i,
+                    "seconds": time.perf_counter() - t0,
+                    "regions_mib": lane.nbytes() / 2**20,
+                    "allocated_mib": (
+                        None if a0 is None else (_allocated(pool.device) - a0) / 2**20
+                    ),
+                }
+            )
+
+
 def _served_range(params: tuple, up_to: dict | None) -> tuple[ParamKey, ParamKey]:
     """(lowest, highest) values a pool serves: the declared domain, the top lowered to
     ``up_to`` where given (checked: a value in the domain, no unknown name)."""
@@ -518,23 +336,32 @@ def _served_range(params: tuple, up_to: dict | None) -> tuple[ParamKey, ParamKey
     return lo, resolve(params, hi)
 
 
-@dataclass(frozen=True)
-class _Exclusive:
-    """A step that must run in the eager section (``Session.prime``)."""
-
-    fn: Callable[..., Any]
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-
-@contextmanager
-def _on_stream(lane: Any) -> Iterator[None]:
-    if lane.stream is None:
-        yield
-        return
-    with torch.cuda.stream(lane.stream):
-        yield
+def describe_pool(s: dict, has_params: bool) -> str:
+    """``SessionPool.report()``: its ``stats()`` as the lines ``binding.report()`` prints."""
+    lines = [
+        f"  sessions: {s['open']} open, {s['closed']} closed on {s['lanes']} lane(s); "
+        f"{s['runs']} runs, lane wait {s['lane_wait_s']:.3f} s "
+        f"(longest {1e3 * s['max_lane_wait_s']:.1f} ms), "
+        f"{s['session_bytes'] / 2**20:.1f} MiB of session state, "
+        f"{s['turn_starts']} turn start(s) kept ({s['turn_start_bytes'] / 2**20:.1f} MiB)"
+    ]
+    if has_params:
+        lines.append(
+            f"  lanes by value: {s['affinity_hits']} steps on a lane holding their value, "
+            f"{s['affinity_misses']} not ({s['eager_steps']} of them run eager); "
+            f"{s['background_captures']} value(s) captured between steps in "
+            f"{s['background_capture_s']:.2f} s"
+            + (f", {s['capture_errors']} capture error(s)" if s["capture_errors"] else "")
+            + f"; eager sections waited {s['eager_lock_wait_s']:.3f} s for the eager lock "
+            f"(longest {1e3 * s['max_eager_lock_wait_s']:.1f} ms)"
+        )
+    for c in s["lane_capture"]:
+        alloc = "-" if c["allocated_mib"] is None else f"{c['allocated_mib']:.1f}"
+        lines.append(
+            f"  lane {c['lane']}: built and captured in {c['seconds']:.2f} s, "
+            f"regions {c['regions_mib']:.1f} MiB, allocated {alloc} MiB"
+        )
+    return "\n".join(lines)
 
 
 def _allocated(device: torch.device) -> int | None:

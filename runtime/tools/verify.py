@@ -33,14 +33,15 @@ verdict also says how many calls replayed; on CUDA, real graphs.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-from .audit import bitwise_equal, difference_box, first_difference
-from .binding import _leading_part
-from .signature import STALE_HOST_VALUE
-from .sites import SiteError, format_path, get_at
+from ..audit import bitwise_equal, difference_box, first_difference
+from ..state.regions import leading_part
+from ..engine.signature import STALE_HOST_VALUE
+from ..state.sites import SiteError, format_path, get_at
+from .paired_streams import Divergence, RngStreams, named_leaves, next_pair
 from .streams import StreamSpec
 
 # Regions whose value after a chunk is read by a later call: the state to compare.
@@ -51,39 +52,6 @@ STATE_LIFETIMES = frozenset({"turn", "session", "process"})
 class BindRefused(Exception):
     """bind() refused the bound copy (a site missing, a shape contradicted): the
     contract does not fit this model; the CLI shows it at the declaration (CLK090)."""
-
-
-@dataclass(frozen=True)
-class Divergence:
-    chunk: int  # 0-based index of the chunk after which the copies differ
-    kind: str  # "output" | "region" | "error" | "length" | "reference"
-    name: str  # output path, region name, or what failed
-    site: str | None = None  # a region's site on the model
-    stock_shape: tuple[int, ...] | None = None
-    bound_shape: tuple[int, ...] | None = None
-    index: tuple[int, ...] | None = None  # first differing element
-    box: tuple[tuple[int, int], ...] = ()  # per dim: first and last differing index
-    count: int | None = None  # differing elements (same shapes only)
-    stock_value: Any = None
-    bound_value: Any = None
-    note: str = ""
-
-    def describe(self) -> str:
-        where = f"{self.kind} {self.name}" + (f" (site {self.site})" if self.site else "")
-        head = f"first divergence: {where} after chunk {self.chunk}"
-        parts = [self.note] if self.note else []
-        if self.stock_shape != self.bound_shape:
-            parts.append(f"shape stock {self.stock_shape}, bound {self.bound_shape}")
-        if self.index is not None:
-            parts.append(
-                f"first differing element {self.index}: stock {self.stock_value!r}, "
-                f"bound {self.bound_value!r}"
-            )
-        if self.box:
-            span = ", ".join(f"{lo}:{hi + 1}" for lo, hi in self.box)
-            within = " of the extent both hold" if self.stock_shape != self.bound_shape else ""
-            parts.append(f"{self.count} elements{within} differ, all within [{span}]")
-        return head + "".join(f"\n  {p}" for p in parts)
 
 
 @dataclass
@@ -233,12 +201,12 @@ def verify_stream(
         else:
             state_regions.append(r)
     verdict.regions = [r.name for r in state_regions]
-    rng = _RngStreams(device)
+    rng = RngStreams(device)
     stock_stream = rng.wrap("stock", spec.drive(stock, chunks))
     bound_stream = rng.wrap("bound", spec.drive(bound, chunks))
     try:
         for chunk in range(chunks):
-            found = _next_pair(stock_stream, bound_stream, chunk)
+            found = next_pair(stock_stream, bound_stream, chunk)
             if isinstance(found, Divergence):
                 verdict.divergence = found
                 break
@@ -265,62 +233,9 @@ def verify_stream(
     return verdict
 
 
-# ----------------------------------------------------------------- streaming
-class _RngStreams:
-    """One random-number stream per copy: the global generators' states are saved
-    and loaded around each step of a copy, both starting from the state now."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda" and torch.cuda.is_available()
-        start = self._get()
-        self.states = {"stock": start, "bound": start}
-        self.start = start
-
-    def _get(self) -> tuple:
-        return (torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.cuda else None)
-
-    def _set(self, state: tuple) -> None:
-        torch.set_rng_state(state[0])
-        if self.cuda:
-            torch.cuda.set_rng_state_all(state[1])
-
-    def wrap(self, copy: str, stream: Iterator[Any]) -> Iterator[Any]:
-        def stepped() -> Iterator[Any]:
-            while True:
-                self._set(self.states[copy])
-                try:
-                    item = next(stream)
-                except StopIteration:
-                    return
-                finally:
-                    self.states[copy] = self._get()
-                yield item
-
-        return stepped()
-
-    def restore(self) -> None:
-        self._set(self.start)
-
-
-_END = object()
-
-
-def _next_pair(stock: Iterator[Any], bound: Iterator[Any], chunk: int) -> Any:
-    expected = next(stock, _END)
-    if expected is _END:
-        return Divergence(chunk, "length", "stream", note="the stock stream ended early")
-    try:
-        actual = next(bound, _END)
-    except Exception as exc:  # the contract does not fit the model: a finding, named
-        return Divergence(chunk, "error", type(exc).__name__, note=f"bound copy raised: {exc}")
-    if actual is _END:
-        return Divergence(chunk, "length", "stream", note="the bound stream ended early")
-    return expected, actual
-
-
 # ----------------------------------------------------------------- comparing
 def _compare_outputs(expected: Any, actual: Any, chunk: int, verdict: Verdict) -> Any:
-    stock_leaves, bound_leaves = _named_leaves(expected, "output"), _named_leaves(actual, "output")
+    stock_leaves, bound_leaves = named_leaves(expected, "output"), named_leaves(actual, "output")
     if list(stock_leaves) != list(bound_leaves):
         missing = [p for p in stock_leaves if p not in bound_leaves]
         extra = [p for p in bound_leaves if p not in stock_leaves]
@@ -342,15 +257,15 @@ def _compare_regions(stock: Any, bound: Any, regions: list, chunk: int) -> Diver
     for r in regions:
         site = format_path(r.site)
         a, b = _at(stock, r.site), _at(bound, r.site)
-        if a is _END and b is _END:
+        if a is _ABSENT and b is _ABSENT:
             continue  # neither copy has the state yet (created by a later chunk)
-        if a is _END or b is _END:
-            where = "stock" if a is _END else "bound"
+        if a is _ABSENT or b is _ABSENT:
+            where = "stock" if a is _ABSENT else "bound"
             return Divergence(
                 chunk, "region", r.name, site, note=f"site missing on the {where} copy"
             )
         if r.install == "allocate" and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            a = _leading_part(a, tuple(b.shape)) if a.shape != b.shape else a
+            a = leading_part(a, tuple(b.shape)) if a.shape != b.shape else a
             if a is None:
                 a = _at(stock, r.site)  # cannot hold the region: compare as is (shape differs)
         found = _compare(a, b, chunk, "region", r.name, site)
@@ -359,11 +274,14 @@ def _compare_regions(stock: Any, bound: Any, regions: list, chunk: int) -> Diver
     return None
 
 
+_ABSENT = object()  # a site that a copy does not have (yet)
+
+
 def _at(model: Any, site: tuple) -> Any:
     try:
         return get_at(model, site)
     except (SiteError, LookupError, AttributeError):
-        return _END
+        return _ABSENT
 
 
 def _compare(a: Any, b: Any, chunk: int, kind: str, name: str, site: str | None = None) -> Any:
@@ -416,21 +334,3 @@ def _show(x: Any) -> str:
         return f"tensor{list(x.shape)} {str(x.dtype).removeprefix('torch.')}"
     text = repr(x)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _named_leaves(x: Any, path: str) -> dict[str, Any]:
-    """Leaves of tuples, lists and dicts by the path a user would write."""
-    out: dict[str, Any] = {}
-
-    def walk(y: Any, p: str) -> None:
-        if type(y) in (tuple, list):
-            for i, v in enumerate(y):
-                walk(v, f"{p}[{i}]")
-        elif type(y) is dict:
-            for k, v in y.items():
-                walk(v, f"{p}[{k!r}]")
-        else:
-            out[p] = y
-
-    walk(x, path)
-    return out

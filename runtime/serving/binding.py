@@ -21,17 +21,18 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any, Container, Iterator
 
 import torch
 
-from duplexcadence.runtime.backend import drawing_from
-from duplexcadence.runtime.capture_state import RegionContents
-from duplexcadence.runtime.determinism import restore_settings
-from duplexcadence.runtime.eager_lock import EagerLock
-from duplexcadence.runtime.regions import Region
-from duplexcadence.runtime.sites import Step, format_path, get_at, require_sites, set_at
+from duplexcadence.runtime.engine.backend import drawing_from
+from duplexcadence.runtime.engine.determinism import restore_settings
+from duplexcadence.runtime.serving.binding_report import binding_report, binding_stats
+from duplexcadence.runtime.serving.capture_section import CaptureSection
+from duplexcadence.runtime.serving.eager_lock import EagerLock
+from duplexcadence.runtime.state.regions import Region, leading_part
+from duplexcadence.runtime.state.sites import Step, format_path, get_at, require_sites, set_at
 from duplexcadence.runtime.telemetry import LOGGER
 
 
@@ -139,7 +140,7 @@ class Binding:
     @contextmanager
     def capturing(
         self, lane: Any, keep_contents: Container[str] | None = None
-    ) -> Iterator["CaptureSection"]:
+    ) -> Iterator[CaptureSection]:
         """A lane captures with its own regions at the model's sites (eager warm-up
         reads scratch there), drawing from its own generator (so its graphs register
         that state), under the eager lock; the sites are put back after.
@@ -165,7 +166,7 @@ class Binding:
     def use(self, params: dict | None = None) -> "Binding":
         """Serve a plain binding (one stream) at these session-parameter values from
         now on: the value's graphs are captured now if new (params.py)."""
-        from duplexcadence.runtime.params import resolve
+        from duplexcadence.runtime.serving.params import resolve
 
         if self.pool is not None:
             raise RuntimeError("a session pool binds values per session: pool.open(params=...)")
@@ -230,7 +231,7 @@ class Binding:
     def sessions(self, lanes: int = 1, **kwargs: Any) -> Any:
         """Serve many sessions on this binding: a ``SessionPool`` with ``lanes``
         concurrent replay lanes (sessions.py). Once per binding."""
-        from duplexcadence.runtime.sessions import SessionPool
+        from duplexcadence.runtime.serving.sessions import SessionPool
 
         SessionPool.check_args(lanes, kwargs.get("timeout_s", 60.0))
         if self.pool is not None:
@@ -239,101 +240,13 @@ class Binding:
 
     # ------------------------------------------------------------- telemetry
     def stats(self) -> dict:
-        from duplexcadence.runtime.telemetry import merge_lane_stats
-
-        per_lane = [lane.engine_stats() for lane in self.lanes]
-        return {
-            "contract": self.contract,
-            "device": str(self.device),
-            "determinism": self.determinism,
-            "callables": {
-                name: merge_lane_stats([lane[name] for lane in per_lane])
-                for name in (per_lane[0] if per_lane else {})
-            },
-            "lanes": len(self.lanes),
-            "eager": dict(self.eager),
-            "declared": dict(self.declared),
-            "regions": {name: _region_stats(r) for name, r in self.regions.items()},
-            "constants": dict(self.constants),
-            "folds": {f.name: f.stats() for f in self.folds},
-            "site_rebinds": self.site_rebinds,
-            "sessions": None if self.pool is None else self.pool.stats(),
-            "params": _params_stats(self),
-        }
+        """Counters of every lane's engines merged, regions, constants, sessions and
+        parameter values (binding_report.py)."""
+        return binding_stats(self)
 
     def report(self, width: int = 120) -> str:
         """Regions, replays (hits, misses by reason, capture cost) and constants as text."""
-        from duplexcadence.runtime.telemetry import eager_by_design, format_report, replay_lines
-
-        lanes = f", {len(self.lanes)} lanes" if len(self.lanes) > 1 else ""
-        lines = [f"duplexcadence binding of contract {self.contract} on {self.device}{lanes}"]
-        merged = self.stats()["callables"]
-        if eager_by_design(merged):
-            # not a failure: say so instead of printing 0/N classes and miss counters
-            lines.append(
-                f"  no CUDA: eager by design: every call runs the stock code on {self.device} "
-                '(bind(..., backend="simulate") runs the replay policy here and reports it)'
-            )
-            for name, s in merged.items():
-                lines.append(f"  callable {name}: {s['calls']} calls, eager")
-            lines.append(format_report(list(self.regions.values()), width=width))
-        else:
-            lines.append(format_report([*merged.values(), *self.regions.values()], width=width))
-            lines.extend(replay_lines(merged))
-        for name, why in self.eager.items():
-            lines.append(f"  callable {name}: eager ({why})")
-        for name, what in self.constants.items():
-            lines.append(f"  constant {name}: {what}")
-        lines.extend(f.report_line() for f in self.folds)
-        for name, why in self.declared.items():
-            lines.append(f"  region {name}: {why}")
-        params = _params_stats(self)
-        if params is not None:
-            held = "; ".join(", ".join(s["held"]) for s in params["lanes"])
-            lines.append(
-                f"  session parameters: graphs of {', '.join(params['per_value'])} per value; "
-                f"held {held}; {params['captures']} value capture(s) in "
-                f"{params['capture_s']:.2f} s, {params['evictions']} eviction(s), "
-                f"{params['regrows']} regrow(s) in {params['regrow_s']:.2f} s"
-            )
-        if self.pool is not None:
-            lines.append(self.pool.report())
-        return "\n".join(lines)
-
-
-def _params_stats(b: Binding) -> dict | None:
-    """Values bound, graphs per value held and evicted, capture cost (params.py)."""
-    if b.decl is None or not b.decl.params:
-        return None
-    lanes = [lane.values.stats() for lane in b.lanes]
-    return {
-        "declared": [
-            {"name": p.name, "lo": p.lo, "hi": p.hi, "default": p.default, "capture": p.capture}
-            for p in b.decl.params
-        ],
-        "per_value": sorted(b.lanes[0]._per_value),
-        "captures": sum(s["captures"] for s in lanes),
-        "capture_s": sum(s["capture_s"] for s in lanes),
-        "evictions": sum(s["evictions"] for s in lanes),
-        # lanes re-laid for a larger value (lane_values.py), re-capture included
-        "regrows": sum(s["regrows"] for s in lanes),
-        "regrow_s": sum(s["regrow_s"] for s in lanes),
-        "lanes": lanes,
-    }
-
-
-def _region_stats(region: Any) -> dict:
-    t = region.tensor
-    out = {
-        "shape": tuple(t.shape),
-        "dtype": str(t.dtype).replace("torch.", ""),
-        "mib": t.numel() * t.element_size() / 2**20,
-        "data_ptr": t.data_ptr(),
-    }
-    for counter in ("adoptions", "audit_divergences"):
-        if hasattr(region, counter):
-            out[counter] = getattr(region, counter)
-    return out
+        return binding_report(self, width)
 
 
 def infer_device(model: Any):
@@ -358,11 +271,11 @@ def install_region(model: Any, steps, region: Any) -> None:
     """
     import torch
 
-    from duplexcadence.runtime.sites import get_at
+    from duplexcadence.runtime.state.sites import get_at
 
     stock = get_at(model, steps)
     if isinstance(stock, torch.Tensor):
-        leading = _leading_part(stock, tuple(region.tensor.shape))
+        leading = leading_part(stock, tuple(region.tensor.shape))
         if leading is None:
             raise ValueError(
                 f"region {region.name}: stock tensor {tuple(stock.shape)} at {format_path(steps)} "
@@ -373,115 +286,3 @@ def install_region(model: Any, steps, region: Any) -> None:
     # The stock buffer is not remembered for unbind(): holding it would keep the
     # implementation-constant envelope alive, the very memory the region saves.
     set_at(model, steps, region.tensor)
-
-
-def adopt_prefix(region: Any, tensor: Any) -> Any:
-    """An aliased fixed-shape region handed a stock tensor: copy its leading part in.
-
-    Returns the region's own tensor, so the call reads the state at the region's
-    address (a replay admits it) with the same values the stock tensor held.
-    """
-    import torch
-
-    target = region.tensor
-    if not isinstance(tensor, torch.Tensor):
-        return tensor
-    if tensor.data_ptr() == target.data_ptr() and tensor.shape == target.shape:
-        return tensor
-    leading = _leading_part(tensor, tuple(target.shape))
-    if leading is None:
-        return tensor  # not this region's state: leave it; admission decides
-    with torch.no_grad():
-        target.copy_(leading)
-    return target
-
-
-def _leading_part(stock: Any, shape: tuple[int, ...]) -> Any:
-    """The leading `shape` block of a (possibly larger) stock tensor, or None if it
-    cannot hold that shape. Only the leading part of a stock envelope is ever read."""
-    if stock.dim() != len(shape) or any(s < t for s, t in zip(stock.shape, shape)):
-        return None
-    return stock[tuple(slice(0, n) for n in shape)]
-
-
-class CaptureSection:
-    """``Binding.capturing``'s hold on the model: the eager lock, the lane's generator
-    as the device default, the lane's regions at the sites."""
-
-    def __init__(
-        self, binding: Binding, lane: Any, keep_contents: Container[str] | None = None
-    ) -> None:
-        self.binding, self.lane = binding, lane
-        self.keep_contents = keep_contents
-        self._contents: RegionContents | None = None
-        self.pauses = 0
-        self._stack: ExitStack | None = None
-        self._swapped: list[tuple[Any, Any]] = []
-        self._kept: dict[str, Any] = {}
-        # only the outermost hold can let go: a capture inside a caller's eager
-        # section (a plain binding's first use of a value) keeps the lock it came with
-        self._outermost = not binding.eager_lock.held_here()
-
-    def enter(self) -> None:
-        self.binding.eager_lock.acquire()
-        try:
-            self._take_model()
-            lane = self.lane
-            self._contents = RegionContents(
-                lane.regions, lane.write_through_getters(), self.keep_contents
-            )
-        except BaseException:
-            self._give_model()
-            self.binding.eager_lock.release()
-            raise
-
-    def exit(self) -> None:
-        try:
-            if self._contents is not None:
-                self._contents.restore()
-        finally:
-            try:
-                self._give_model()
-            finally:
-                self.binding.eager_lock.release()  # last: the generator and the sites are back
-
-    def pause(self) -> None:
-        """Hand the eager lock to the next waiting eager section and take it back right
-        after it (eager_lock.py), the sites and the generator put back meanwhile; a no-op
-        unless this is the thread's outermost hold and somebody waits."""
-        lock = self.binding.eager_lock
-        if not self._outermost or not lock.waiting():
-            return
-        self._give_model()
-        try:
-            lock.hand_over()
-        finally:
-            self._take_model()
-        self.pauses += 1
-
-    def _take_model(self) -> None:
-        """The lane's generator as the device default, its regions at the sites."""
-        b, lane = self.binding, self.lane
-        self._stack = ExitStack()
-        self._stack.enter_context(drawing_from(b.device, lane.rng))
-        if b.device.type == "cuda":
-            torch.cuda.synchronize(b.device)
-        self._swapped = []
-        self._kept = dict(b._site_tensors)
-        if not lane.owns_sites:
-            for r in b.decl.regions.values():
-                if r.site is not None and r.install == "allocate":
-                    self._swapped.append((r.site, get_at(b.model, r.site)))
-                    set_at(b.model, r.site, lane.regions[r.name].tensor)
-                    if r.name in b._site_tensors:  # a capture once sessions are served
-                        b._site_tensors[r.name] = lane.regions[r.name].tensor
-
-    def _give_model(self) -> None:
-        b = self.binding
-        for site, tensor in reversed(self._swapped):
-            set_at(b.model, site, tensor)
-        b._site_tensors = self._kept
-        self._swapped = []
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            stack.close()

@@ -29,8 +29,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .classes import CaptureClass, RegionView
-from .regions import RegionSpec
+from ..engine.classes import CaptureClass, RegionView
+from ..state.regions import RegionSpec
 
 ParamKey = tuple[tuple[str, int], ...]  # (name, value) for every parameter, sorted
 
@@ -193,7 +193,7 @@ def label(key: ParamKey) -> str:
 def merge_values(per_value: list[tuple[str, dict]]) -> dict:
     """One callable's ``stats()`` over the values a lane captured it at (held and
     evicted): counters added up as over lanes, every value's classes listed."""
-    from .telemetry import merge_lane_stats
+    from ..telemetry import merge_lane_stats
 
     out = dict(merge_lane_stats([s for _, s in per_value]))
     out.pop("lanes", None)

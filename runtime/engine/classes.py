@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from .outputs import tree_leaves
-from .regions import Region
+from ..state.regions import Region
 
 
 @dataclass(frozen=True)

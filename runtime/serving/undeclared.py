@@ -67,7 +67,7 @@ def watching_undeclared_writes(model: Any, declared: dict[int, Any]) -> Iterator
             for n, t in loose.items():
                 t.copy_(saved[n])
     if written:
-        from .lane import LaneError
+        from .lane_engines import LaneError
 
         raise LaneError(
             "the callables write model tensors the contract does not declare: "

@@ -4,7 +4,7 @@ Contract of this layer: these frozen dataclasses are the whole interface between
 generated code and the runtime. clockc writes one ``ContractDecl`` per contract
 (``generated/<contract>/contract.py``) as literals — names only as string keys,
 sites as dotted paths that ``__post_init__`` parses into step tuples
-(``runtime/sites.py``: ``"flow.decoder.x"``, ``'cache["k"]'``, ``"[1]"``), regions as a
+(``runtime/state/sites.py``: ``"flow.decoder.x"``, ``'cache["k"]'``, ``"[1]"``), regions as a
 ``RegionTable`` and catalogs as ``CatalogDecl`` rows (``classes.py``), both expanded to
 exactly the objects they stand for — and the hand-written, tested binder
 (``binder.py``, ``lane.py``) does everything else. Nothing in a declaration is code:
@@ -27,13 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Literal, Mapping
 
-from .ambient import AUTOCAST_OFF, Autocast
-from .classes import CaptureClass
-from .effects import Effect
+from ..engine.ambient import AUTOCAST_OFF, Autocast
+from ..engine.classes import CaptureClass
+from ..engine.effects import Effect
 from .params import ParamDecl
-from .regions import RegionSpec
-from .retention import Retention
-from .sites import Step, parse_path
+from ..state.regions import RegionSpec
+from ..state.retention import Retention
+from ..state.sites import Step, parse_path
 
 Install = Literal["carry", "allocate", "stock", "pinned", "declared"]
 PER_SESSION = frozenset({"turn", "session"})

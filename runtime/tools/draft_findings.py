@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .sites import Step, format_path, get_at
+from ..state.sites import Step, format_path, get_at
 
 
 @dataclass(frozen=True)

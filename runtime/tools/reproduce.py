@@ -8,7 +8,7 @@ is no, says *where* the copies first part:
 
 * ``reproduce_stream(spec, chunks)`` builds two stock copies in this process and
   drives both with the same seeded traffic, one chunk each in turn, each copy on its
-  own random-number streams (verify.py's ``_RngStreams``: a model that draws sees the
+  own random-number streams (paired_streams.py's ``RngStreams``: a model that draws sees the
   same numbers in both). Every output of every chunk is compared bit for bit. With
   ``trace=True`` (the default) every tensor operation both copies run is recorded
   through a ``TorchDispatchMode`` with the module it ran in (forward pre/post hooks
@@ -22,9 +22,9 @@ is no, says *where* the copies first part:
 * ``record_trace(spec, chunks, path)`` runs ONE copy and writes, per chunk, each
   operation's module path, op and a fingerprint of its outputs (two int64 sums of the
   outputs' bits) and the SHA-256 of each output; ``compare_records(a, b)`` finds the
-  first difference between two such files. Two fresh processes (``clockc reproduce
-  --processes``) are the strongest test: allocator history, library handles and
-  lazily chosen algorithms all start anew.
+  first difference between two such files (reproduce_records.py). Two fresh processes
+  (``clockc reproduce --processes``) are the strongest test: allocator history,
+  library handles and lazily chosen algorithms all start anew.
 
 The trace itself (what one copy ran) is op_trace.py's; this module compares. The
 trace reads tensor data and is slow (every op's outputs are kept or hashed); it is a
@@ -34,16 +34,13 @@ diagnostic, run before a contract is checked, never on the serving path.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from .audit import _as_bits, difference_box, first_difference
+from ..audit import difference_box, first_difference
 from .op_trace import (
     DEFAULT_KEEP_BYTES,
     OpTrace,
@@ -53,7 +50,8 @@ from .op_trace import (
     state_tensors,
     weight_prints,
 )
-from .progress import capture_progress
+from ..progress import capture_progress
+from .paired_streams import RngStreams, named_leaves, next_pair
 from .streams import StreamSpec
 
 
@@ -254,8 +252,6 @@ def reproduce_stream(
     that chunk on (a trace costs seconds per chunk of a large model); the chunks before
     it compare outputs and streaming state only, so a difference there is still found,
     at the first chunk whose state differs, without its op."""
-    from .verify import _named_leaves, _next_pair, _RngStreams
-
     if chunks < 1:
         raise ValueError(f"chunks must be at least 1, got {chunks}")
     if not 0 <= trace_from < chunks:
@@ -268,7 +264,7 @@ def reproduce_stream(
     for t in traces:
         # other weights: every op differs, nothing to trace
         t.active = result.first_difference is None and trace_from == 0
-    rng = _RngStreams(device)
+    rng = RngStreams(device)
     streams = [rng.wrap(n, _traced(spec.drive(m, chunks), t)) for n, m, t in
                zip(("stock", "bound"), (first, second), traces or (None, None))]  # fmt: skip
     bar = capture_progress(progress, "reproducing (two stock copies)", chunks)
@@ -278,7 +274,7 @@ def reproduce_stream(
             if chunk == trace_from and chunk and result.first_difference is None:
                 for t in traces:
                     t.active = True
-            found = _next_pair(streams[0], streams[1], chunk)
+            found = next_pair(streams[0], streams[1], chunk)
             if not isinstance(found, tuple):
                 result.output_divergence = {"chunk": chunk, "output": found.name,
                                             "note": found.note}  # fmt: skip
@@ -297,7 +293,7 @@ def reproduce_stream(
                     for t in traces:  # what follows depends on it: outputs only from here
                         t.active = False
                         t.new_chunk()
-            a, b = (_named_leaves(x, "output") for x in found)
+            a, b = (named_leaves(x, "output") for x in found)
             differing = _first_differing_output(a, b)
             if differing is not None:
                 result.output_divergence = {"chunk": chunk, "output": differing, "note": ""}
@@ -338,7 +334,7 @@ _DONE = object()
 
 
 def _first_differing_output(a: dict, b: dict) -> str | None:
-    from .audit import bitwise_equal
+    from ..audit import bitwise_equal
 
     if list(a) != list(b):
         return f"output structure ({list(a)} vs {list(b)})"
@@ -349,93 +345,6 @@ def _first_differing_output(a: dict, b: dict) -> str | None:
                 return path
         elif not (type(x) is type(y) and x == y):
             return path
-    return None
-
-
-# ============================================================== fresh processes
-def record_trace(spec: StreamSpec, chunks: int, path: str | Path, *, trace: bool = True) -> dict:
-    """Run one stock copy and write its per-chunk record (module docstring) to ``path``
-    (JSON lines: one object per chunk). Returns a summary."""
-    from .verify import _named_leaves
-
-    model = spec.build()
-    tracer = OpTrace(model, keep_bytes=0) if trace else None
-    n_ops = 0
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"weights": weight_prints(model)}) + "\n")
-        try:
-            for chunk, item in enumerate(_traced(spec.drive(model, chunks), tracer)):
-                ops = tracer.ops if tracer is not None else []
-                prints = _host_prints(ops)
-                k, rows = 0, []
-                for op in ops:
-                    shapes = [[list(s) if isinstance(s, tuple) else s, d] for s, d in op.shapes]
-                    rows.append([op.module, op.op, shapes, prints[k : k + len(op.prints)]])
-                    k += len(op.prints)
-                n_ops += len(ops)
-                outputs = {p: _digest(v) for p, v in _named_leaves(item, "output").items()}
-                state = _state_prints(model)
-                f.write(json.dumps({"chunk": chunk, "outputs": outputs, "ops": rows,
-                                    "state": state}) + "\n")  # fmt: skip
-        finally:
-            if tracer is not None:
-                tracer.remove()
-    return {"chunks": chunks, "ops": n_ops}
-
-
-def _digest(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        t = x.detach().cpu().contiguous()
-        head = f"{str(t.dtype)}{tuple(t.shape)}".encode()
-        return hashlib.sha256(head + _as_bits(t).numpy().tobytes()).hexdigest()
-    return repr(x)
-
-
-def compare_records(a: str | Path, b: str | Path, device: str = "") -> Reproduction:
-    """The first difference between two ``record_trace`` files of the same stream."""
-    ra = [json.loads(line) for line in Path(a).read_text(encoding="utf-8").splitlines()]
-    rb = [json.loads(line) for line in Path(b).read_text(encoding="utf-8").splitlines()]
-    wa, wb = ra.pop(0)["weights"], rb.pop(0)["weights"]
-    traced = any(r["ops"] for r in ra)
-    result = Reproduction(len(ra), device, traced, mode="processes")
-    result.first_difference = _weights_difference(wa, wb)
-    for x, y in zip(ra, rb):
-        chunk = x["chunk"]
-        if result.first_difference is None and traced:
-            result.ops_per_chunk.append(len(x["ops"]))
-            result.first_difference = _record_difference(chunk, x, y)
-            result.state_tensors = len(x["state"])
-        differing = next((p for p in x["outputs"] if x["outputs"][p] != y["outputs"].get(p)), None)
-        if differing is not None or list(x["outputs"]) != list(y["outputs"]):
-            result.output_divergence = {"chunk": chunk, "output": differing or "structure",
-                                        "note": "SHA-256 differs"}  # fmt: skip
-            break
-        result.compared = chunk + 1
-    if len(ra) != len(rb) and result.output_divergence is None:
-        result.output_divergence = {"chunk": min(len(ra), len(rb)), "output": "stream",
-                                    "note": f"{len(ra)} vs {len(rb)} chunks recorded"}  # fmt: skip
-    return result
-
-
-def _record_difference(chunk: int, x: dict, y: dict) -> OpDifference | None:
-    for i, (p, q) in enumerate(zip(x["ops"], y["ops"])):
-        if p[:3] != q[:3]:
-            return OpDifference(chunk, "control", i, q[0], q[1],
-                                note=f"copy A ran {p[1]} {p[2]} in {p[0] or '<top>'}")  # fmt: skip
-        for leaf, (fa, fb) in enumerate(zip(p[3], q[3])):
-            if fa != fb:
-                return OpDifference(
-                    chunk, "op", i, p[0], p[1], leaf, tuple(p[2][leaf][0]), p[2][leaf][1],
-                    note="fingerprints differ (values are not recorded across processes; "
-                    "`clockc reproduce` without --processes shows them when two copies in "
-                    "one process part too)",
-                )  # fmt: skip
-    if len(x["ops"]) != len(y["ops"]):
-        return OpDifference(chunk, "control", min(len(x["ops"]), len(y["ops"])), "", "",
-                            note=f"{len(x['ops'])} vs {len(y['ops'])} ops")  # fmt: skip
-    for path, d in x["state"].items():
-        if y["state"].get(path) != d:
-            return OpDifference(chunk, "state", None, path, "", note="fingerprints differ")
     return None
 
 
@@ -454,7 +363,5 @@ def _jsonable(x: Any) -> Any:
 __all__ = [
     "OpDifference",
     "Reproduction",
-    "compare_records",
-    "record_trace",
     "reproduce_stream",
 ]

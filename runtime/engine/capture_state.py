@@ -11,7 +11,7 @@ side effects of the callable itself cannot be rewound; contracts must not rely o
 Contents are the costly part (a host copy of every region: 0.5-0.8 s for Token2Wav's
 2 GB of carries and solver workspace, measured on the H200), so whoever knows better
 says which to keep (``keep``): a lane's capture section saves them once for all its
-engines (``RegionContents``, binding.CaptureSection), and a session pool's capture
+engines (``RegionContents``, capture_section.CaptureSection), and a session pool's capture
 between steps keeps none of the per-session or scratch regions, which hold no state
 between steps (every step loads its session's state and takes it back).
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -181,3 +182,30 @@ class Region:
             f"{type(self).__name__}({self.name!r}, shape={self.spec.shape}, "
             f"dtype={self.spec.dtype}, device={self.device})"
         )
+
+
+def adopt_prefix(region: Any, tensor: Any) -> Any:
+    """An aliased fixed-shape region handed a stock tensor: copy its leading part in.
+
+    Returns the region's own tensor, so the call reads the state at the region's
+    address (a replay admits it) with the same values the stock tensor held.
+    """
+    target = region.tensor
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    if tensor.data_ptr() == target.data_ptr() and tensor.shape == target.shape:
+        return tensor
+    leading = leading_part(tensor, tuple(target.shape))
+    if leading is None:
+        return tensor  # not this region's state: leave it; admission decides
+    with torch.no_grad():
+        target.copy_(leading)
+    return target
+
+
+def leading_part(stock: Any, shape: tuple[int, ...]) -> Any:
+    """The leading `shape` block of a (possibly larger) stock tensor, or None if it
+    cannot hold that shape. Only the leading part of a stock envelope is ever read."""
+    if stock.dim() != len(shape) or any(s < t for s, t in zip(stock.shape, shape)):
+        return None
+    return stock[tuple(slice(0, n) for n in shape)]

@@ -10,7 +10,7 @@ inferred in ``draft_findings.py``.
 Two runs, each on a fresh ``spec.build()``:
   1. discovery (one chunk under ``sys.setprofile``): the *hot callables* are the
      outermost calls the loop makes into methods of objects in the model's own tree
-     (``runtime/sites.py`` paths) with at least one tensor argument; a method of the
+     (``runtime/state/sites.py`` paths) with at least one tensor argument; a method of the
      model object itself counts only when the loop calls it from outside the model
      (a root method the loop calls with no tensor, such as a vendor ``stream()``, is
      the driver, and its calls are looked into). ``module(...)`` is ``forward``.
@@ -35,8 +35,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .draft_findings import RecordedCall, Trace, arg_leaves, infer_findings
-from .sites import Step, get_at, set_at
-from .trees import map_tensors
+from ..state.sites import Step, get_at, set_at
+from ..state.trees import map_tensors
 from .streams import StreamSpec
 
 # aten ops that draw from a generator (by name: every variant of these families does)
