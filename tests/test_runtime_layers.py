@@ -81,7 +81,7 @@ def _graph() -> dict[str, set[str]]:
 
 def _layer(module: str) -> str:
     head = module.split(".")[0]
-    return head if head in LAYERS and "." in module or head in LAYERS[1:] else ""
+    return head if head in LAYERS[1:] else ""
 
 
 def test_every_module_imports_its_own_layer_or_below() -> None:

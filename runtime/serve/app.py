@@ -28,7 +28,6 @@ demand): the two deployments; launch.py binds them into the application and runs
 # left unresolved makes the route refuse every connection with a 403).
 import asyncio
 import json
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
@@ -41,11 +40,10 @@ from ray import serve
 from .config import ServeConfig
 from .errors import Overloaded, ServeError, SessionLost, SessionUnknown
 from .journal import Journal, RestoreDiverged
-from .liveness import ReplicaLiveness
+from .liveness import LOG, ReplicaLiveness
 from .replica import ReplicaServer
 from .router import SessionTable
 
-LOG = logging.getLogger("duplexcadence.serve")
 RESTORE_ATTEMPTS = 2  # a restored session whose new replica dies too is restored again
 
 
