@@ -1,6 +1,7 @@
 """`clockc draft` on the released Token2Wav (minicpmo-utils 1.0.6, seeded weights, CPU).
 
-KNOWN GAP (the test is a strict xfail until fixed): see the xfail reason below.
+KNOWN GAP (the test is a strict xfail until fixed): see the xfail reason below. It runs
+with ``pytest --known-gaps`` only (74 s and 14 GiB peak on 2 cores; tests/conftest.py).
 
 The trace of five steady chunks of the vendor's own `Token2wav.stream()` must find the
 two hot callables (`flow.inference_chunk`, `hift.forward`) and the estimator and
@@ -34,7 +35,7 @@ import pytest
 
 from bench.workloads import unavailable_reason
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.known_gap]
 
 _REASON = unavailable_reason("token2wav")
 if _REASON is not None:

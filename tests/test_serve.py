@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from early_children import EarlyChild, early
 from serve_toy import TOY, exact
 from toy_stream import x_of
 
@@ -331,41 +332,29 @@ def test_the_shipped_serve_config_file_is_valid_and_builds():
 
 
 CLUSTER_CASES = TESTS / "serve_cluster_cases.py"
+# started right after collection (tests/early_children.py): its ~140 s are mostly waiting
+CLUSTER_CHILD = EarlyChild(
+    [sys.executable, "-m", "pytest", "-q", "-p", "outcome_log", "-p", "no:cacheprovider",
+     str(CLUSTER_CASES)],
+    {"PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])},
+    TESTS.parent,
+    timeout_s=1200,
+)  # fmt: skip
+CLUSTER_CHILD.env["OUTCOME_LOG"] = str(CLUSTER_CHILD.dir / "outcomes.jsonl")
 
 
 @needs_ray
 @pytest.mark.ray
 @pytest.mark.slow
-def test_the_application_on_a_local_ray_cluster(tmp_path):
+@early(CLUSTER_CHILD)
+def test_the_application_on_a_local_ray_cluster():
     """``serve_cluster_cases.py`` (two replicas, exact sessions, overload, a killed
     replica, WebSocket) in a pytest process of its own: see that file for why. Each case's
     outcome comes back through ``outcome_log`` as it is known, so a failing case is named
     here with its report, and a child that dies early is told apart from one that
     Ray ends after its last case."""
-    log = tmp_path / "outcomes.jsonl"
-    env = {
-        **os.environ,
-        "OUTCOME_LOG": str(log),
-        "PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "outcome_log",
-            "-p",
-            "no:cacheprovider",
-            str(CLUSTER_CASES),
-        ],
-        cwd=TESTS.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    log = Path(CLUSTER_CHILD.env["OUTCOME_LOG"])
+    proc = CLUSTER_CHILD.result()
     shown = f"child pytest exit {proc.returncode}:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     collected = next((r["collected"] for r in records if "collected" in r), [])

@@ -36,40 +36,19 @@ from duplexcadence.generated import (  # noqa: E402
 from duplexcadence.runtime import materialize  # noqa: E402
 from duplexcadence.runtime.engine.signature import signature_and_leaves  # noqa: E402
 
+from token2wav_reference import N_CHUNKS, stock_reference, stream  # noqa: E402
+
 SEED = 0
-N_CHUNKS = 6  # 5 steady chunks (the stock trim fires on chunks 3, 4 and 5) + the final one
-
-
-def _record_mels(t2w) -> list:
-    """Wrap whatever flow.inference_chunk is now, keeping a copy of each chunk's mel."""
-    mels, inner = [], t2w.flow.inference_chunk
-
-    def recording(*args, **kwargs):
-        feat, cache = inner(*args, **kwargs)
-        mels.append(feat.detach().clone())
-        return feat, cache
-
-    t2w.flow.inference_chunk = recording
-    return mels
 
 
 def _stream(t2w, observe=None) -> tuple[list, list]:
-    mels = _record_mels(t2w)
-    pcm = []
-    for chunk in W.token_stream(SEED, N_CHUNKS):
-        pcm.append(torch.from_numpy(W.stream_chunk(t2w, chunk.tokens, chunk.last_chunk)))
-        if observe:
-            observe(t2w)
-    return mels, pcm
+    return stream(t2w, SEED, N_CHUNKS, observe)
 
 
 @pytest.fixture(scope="module")
 def stock() -> tuple[list, list]:
-    t2w = W.build_token2wav(SEED)
-    out = _stream(t2w)
-    del t2w
-    gc.collect()
-    return out
+    run = stock_reference(SEED, N_CHUNKS)  # shared with test_token2wav_stock.py
+    return run.mels, run.pcm
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +195,7 @@ def bound_sr():
         "stats": binding.stats(),
     }
     binding.unbind()
+    held.clear()  # the binding holds the model: freed before the next fixture builds its own
     del t2w, binding, carry, est
     gc.collect()
     return facts

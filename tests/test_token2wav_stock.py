@@ -7,8 +7,6 @@ lengths, and that a fresh build with the same seed reproduces every chunk bit fo
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
@@ -20,31 +18,16 @@ _REASON = unavailable_reason("token2wav")  # looks at specs only: imports nothin
 if _REASON is not None:
     pytest.skip(_REASON, allow_module_level=True)
 
-import numpy as np  # noqa: E402
 from bench.workloads import token2wav as W  # noqa: E402
 
-SEED = 0
-N_CHUNKS = 5  # 4 steady chunks + 1 final chunk; the trim first fires on chunk 3
+from token2wav_reference import N_CHUNKS, run_stock, stock_reference  # noqa: E402
 
-
-def _run(seed: int) -> dict:
-    t2w = W.build_token2wav(seed)
-    out = {"pcm": [], "attended": [], "carry": [], "conformer": [], "hift": []}
-    for chunk in W.token_stream(seed, N_CHUNKS):
-        out["attended"].append(W.carry_lengths(t2w)["estimator"])
-        out["pcm"].append(W.stream_chunk(t2w, chunk.tokens, chunk.last_chunk))
-        lengths = W.carry_lengths(t2w)
-        out["carry"].append(lengths["estimator"])
-        out["conformer"].append(lengths["conformer"])
-        out["hift"].append((lengths["hift_mel"], lengths["hift_source"], lengths["hift_speech"]))
-    del t2w
-    gc.collect()
-    return out
+SEED = 0  # N_CHUNKS: 5 steady chunks + the final one; the trim first fires on chunk 3
 
 
 @pytest.fixture(scope="module")
-def first_run() -> dict:
-    return _run(SEED)
+def first_run():
+    return stock_reference(SEED, N_CHUNKS)
 
 
 def test_token_stream_matches_stock_client() -> None:
@@ -58,20 +41,21 @@ def test_token_stream_matches_stock_client() -> None:
 
 def test_stock_carries_and_pcm_lengths(first_run: dict) -> None:
     # estimator carry: 302 prompt frames + 50 per chunk, cut back to 302 + 100 once longer
-    assert first_run["attended"] == [302, 352, 402, 402, 402]
-    assert first_run["carry"] == [352, 402, 402, 402, 402]
-    assert first_run["conformer"] == [352, 402, 402, 402, 402]
-    assert first_run["hift"] == [(8, 3840, 3840)] * N_CHUNKS
+    assert first_run.attended == [302, 352, 402, 402, 402, 402]
+    assert first_run.carry == [352, 402, 402, 402, 402, 402]
+    assert first_run.conformer == [352, 402, 402, 402, 402, 402]
+    assert first_run.hift == [(8, 3840, 3840)] * N_CHUNKS
     # 50 mel frames x 480 per steady chunk; the final chunk is 56 frames + the 8 carried
-    assert [p.shape[0] for p in first_run["pcm"]] == [24000] * 4 + [30720]
-    for p in first_run["pcm"]:
-        assert p.dtype == np.float32 and np.isfinite(p).all()
-    assert not first_run["pcm"][0][:3840].any()  # stock first chunk: 160 ms of silence
-    assert all(float(np.abs(p[3840:]).max()) > 0 for p in first_run["pcm"])
+    assert [p.shape[0] for p in first_run.pcm] == [24000] * 5 + [30720]
+    for p in first_run.pcm:
+        assert p.dtype == torch.float32 and bool(torch.isfinite(p).all())
+    assert not first_run.pcm[0][:3840].any()  # stock first chunk: 160 ms of silence
+    assert all(float(p[3840:].abs().max()) > 0 for p in first_run.pcm)
 
 
 def test_fresh_build_same_seed_is_bit_identical(first_run: dict) -> None:
-    second = _run(SEED)
-    assert len(second["pcm"]) == N_CHUNKS
-    for i, (a, b) in enumerate(zip(first_run["pcm"], second["pcm"])):
-        assert torch.equal(torch.from_numpy(a), torch.from_numpy(b)), f"chunk {i} differs"
+    second = run_stock(SEED, N_CHUNKS)
+    assert len(second.pcm) == N_CHUNKS
+    for i, (a, b) in enumerate(zip(first_run.pcm, second.pcm)):
+        assert torch.equal(a, b), f"chunk {i} differs"
+    assert all(torch.equal(a, b) for a, b in zip(first_run.mels, second.mels))
