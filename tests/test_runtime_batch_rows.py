@@ -1,0 +1,138 @@
+"""runtime/tools/batch_rows.py on small synthetic modules (the engine, not a result):
+a row-wise module is proven at every width, an op that mixes rows is named alone (the
+ops after it, fed repaired rows, are not blamed), a branch on the batch size is a
+divergence, and a fingerprint-only output is still compared."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duplexcadence.runtime.tools.batch_rows import PerRow, batch_axis, prove_rows, weight_storages
+
+
+class RowWise(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x * self.scale + 1.0)
+        return y / y.sum(-1, keepdim=True)
+
+
+class MixesRows(RowWise):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        centred = x - x.mean(0, keepdim=True)  # row 0 depends on the other rows
+        return torch.tanh(centred * self.scale)
+
+
+class BranchesOnBatch(RowWise):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:
+            x = x.clone()
+        return x * self.scale
+
+
+class Accumulates(RowWise):
+    """A stream state written in place, one row per session."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(width, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.state.add_(x * self.scale)
+        return self.state.clone()
+
+
+def _rows(width: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    one = torch.randn(1, 8, generator=g)
+    many = torch.cat([one, torch.randn(width - 1, 8, generator=g) * 10])
+    return one, many
+
+
+@pytest.mark.parametrize("width", [2, 3, 8])
+def test_a_row_wise_module_is_proven(width):
+    m = RowWise()
+    one, many = _rows(width)
+    proof = prove_rows(m, lambda: m(one), lambda: m(many), width)
+    assert proof.proven, proof.summary()
+    assert proof.ops >= 5
+
+
+def test_the_op_that_mixes_rows_is_named_and_nothing_after_it():
+    m = MixesRows()
+    one, many = _rows(4)
+    proof = prove_rows(m, lambda: m(one), lambda: m(many), 4)
+    assert not proof.proven
+    assert [v.op for v in proof.broken] == ["aten.mean.dim"], proof.summary()
+    (v,) = proof.broken
+    assert v.axis == -1 and v.repaired  # same shape as batch 1: compared and repaired whole
+    assert proof.by_op() == {"aten.mean.dim in <top>": 1}
+
+
+def test_the_named_op_run_per_row_gives_each_row_its_batch_1_bits():
+    m = MixesRows()
+    one, many = _rows(4)
+    proof = prove_rows(m, lambda: m(one), lambda: m(many), 4, per_row={"aten.mean.dim"})
+    assert proof.proven, proof.summary()
+    per_row = PerRow({"aten.mean.dim"}, 4)
+    with per_row:
+        got = m(many)
+    assert per_row.calls == 1
+    for r in range(4):  # every row is its own solo run, not only row 0
+        assert torch.equal(got[r : r + 1], m(many[r : r + 1]))
+
+
+def test_per_row_splits_folded_rows_and_never_a_weight():
+    lin = torch.nn.Linear(8, 8, bias=False)  # its weight's 8 rows split into 2 as well
+    x = torch.randn(2 * 3, 8, generator=torch.Generator().manual_seed(1))  # (B * T, D)
+    per_row = PerRow({"aten.mm.default"}, 2, weight_storages(lin))
+    with per_row:
+        got = lin(x)
+    assert per_row.calls == 1
+    assert torch.equal(got, torch.cat([lin(x[:3]), lin(x[3:])]))
+
+
+def test_a_branch_on_the_batch_size_is_a_divergence():
+    m = BranchesOnBatch()
+    one, many = _rows(2)
+    proof = prove_rows(m, lambda: m(one), lambda: m(many), 2)
+    assert proof.diverged_at is not None and "clone" in proof.diverged
+    assert not proof.proven
+
+
+def test_in_place_state_and_fingerprint_only_outputs():
+    one, many = _rows(4)
+    m1, m4 = Accumulates(1), Accumulates(4)
+    m4.state[1:] = 7.0  # other sessions' state: anything
+    steps = 3
+    # keep_bytes=0: every output compared by its fingerprint only
+    for keep in (1 << 20, 0):
+        m1.state.zero_()
+        m4.state[0].zero_()
+        proof = prove_rows(
+            torch.nn.ModuleList([m1, m4]),
+            lambda: [m1(one) for _ in range(steps)],
+            lambda: [m4(many) for _ in range(steps)],
+            4,
+            keep_bytes=keep,
+        )
+        assert proof.proven, (keep, proof.summary())
+    m4.state[0].fill_(1.0)  # a row-0 state that is not the batch-1 one
+    proof = prove_rows(
+        torch.nn.ModuleList([m1, m4]), lambda: m1(one), lambda: m4(many), 4, keep_bytes=0
+    )
+    assert not proof.proven and not proof.broken[0].repaired
+
+
+def test_batch_axis_and_width():
+    assert batch_axis((1, 8), (4, 8), 4) == 0
+    assert batch_axis((3, 1, 8), (3, 4, 8), 4) == 1
+    assert batch_axis((2, 8), (2, 8), 4) == -1
+    assert batch_axis((2, 8), (3, 8), 4) is None
+    assert batch_axis((2, 8), (8,), 4) is None
+    with pytest.raises(ValueError, match="at least 2"):
+        prove_rows(RowWise(), lambda: None, lambda: None, 1)
