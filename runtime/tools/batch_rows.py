@@ -145,10 +145,11 @@ class RowProof:
     def proven(self) -> bool:
         return not self.broken and not self.unaligned and self.diverged_at is None
 
-    def by_op(self) -> dict[str, int]:
-        """Broken ops counted by (op, module) name: what to call per session."""
+    def by_op(self, verdicts: list[OpVerdict] | None = None) -> dict[str, int]:
+        """Broken ops (or ``verdicts``) counted by (op, module) name: what to call per
+        session."""
         counts: dict[str, int] = {}
-        for v in self.broken:
+        for v in self.broken if verdicts is None else verdicts:
             key = op_key(v.op, v.module)
             counts[key] = counts.get(key, 0) + 1
         return dict(sorted(counts.items()))
@@ -166,6 +167,7 @@ class RowProof:
             "diverged_at": self.diverged_at,
             "diverged": self.diverged,
             "broken_by_op": self.by_op(),
+            "unaligned_by_op": self.by_op(self.unaligned),
         }
 
 
