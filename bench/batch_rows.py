@@ -46,9 +46,9 @@ def frames_at(width: int, n_frames: int) -> list[torch.Tensor]:
     return [torch.cat([rows[r][f] for r in range(width)]) for f in range(n_frames)]
 
 
-def stream(model, width: int, frames: list[torch.Tensor]) -> list[tuple]:
-    """Row 0's (token IDs, PCM) per frame of a stream at ``width`` (None before the LM's
-    first output)."""
+def stream(model, width: int, frames: list[torch.Tensor], rows: int = 1) -> list[tuple]:
+    """The first ``rows`` rows' (token IDs, PCM) per frame of a stream at ``width``
+    (None before the LM's first output)."""
     from moshi.utils.compile import no_cuda_graph
 
     out = []
@@ -60,7 +60,7 @@ def stream(model, width: int, frames: list[torch.Tensor]) -> list[tuple]:
     ):
         for chunk in frames:
             toks, pcm = W.step_frame(model.mimi, model.lm_gen, chunk)
-            out.append((toks[0][:1].cpu(), pcm[0][:1].float().cpu()) if toks else None)
+            out.append((toks[0][:rows].cpu(), pcm[0][:rows].float().cpu()) if toks else None)
     return out
 
 
@@ -83,16 +83,48 @@ def lm_inputs(model, width: int, codes: list[torch.Tensor]) -> list[torch.Tensor
     return rows
 
 
-def lm_stream(model, width: int, inputs: list[torch.Tensor]) -> list[tuple]:
-    """Row 0's token IDs per frame of the LM alone at ``width`` (``lm_inputs``)."""
+def lm_stream(model, width: int, inputs: list[torch.Tensor], rows: int = 1) -> list[tuple]:
+    """The first ``rows`` rows' token IDs per frame of the LM alone at ``width``
+    (``lm_inputs``)."""
     from moshi.utils.compile import no_cuda_graph
 
     out = []
     with torch.no_grad(), no_cuda_graph(), model.lm_gen.streaming(width):
         for x in inputs:
             tokens = model.lm_gen.step(x)
-            out.append(None if tokens is None else (tokens[:1].cpu(), torch.zeros(0)))
+            out.append(None if tokens is None else (tokens[:rows].cpu(), torch.zeros(0)))
     return out
+
+
+def row_of(run: list, r: int) -> list:
+    """Row ``r`` of a stream's per-frame outputs, as a batch-1 stream's."""
+    return [None if x is None else (x[0][r : r + 1], x[1][r : r + 1]) for x in run]
+
+
+def solo_check(model, probe: str, width: int, n_frames: int, per_row: set[str]) -> dict:
+    """Every session of a batched stream against its own solo (batch-1) stream: session
+    r's seeded PCM in row r (``frame``), or its Mimi codes (``lm``); the named ops per
+    row. No proof, so streams can be long."""
+    t0 = time.perf_counter()
+    pcm = [W.pcm_stream(r, n_frames) for r in range(width)]
+    if probe == "frame":
+        solo = [stream(model, 1, pcm[r]) for r in range(width)]
+        many = [torch.cat([pcm[r][f] for r in range(width)]) for f in range(n_frames)]
+        run = lambda: stream(model, width, many, rows=width)  # noqa: E731
+    else:
+        codes = [first_codes(model, pcm[r]) for r in range(width)]
+        solo = [lm_stream(model, 1, codes[r]) for r in range(width)]
+        many = [torch.cat([codes[r][f] for r in range(width)]) for f in range(n_frames)]
+        run = lambda: lm_stream(model, width, many, rows=width)  # noqa: E731
+    with PerRow(per_row, width, weight_storages(model)):
+        batched = run()
+    firsts = [first_difference(solo[r], row_of(batched, r)) for r in range(width)]
+    return {
+        "frames": n_frames,
+        "sessions_exact": sum(f is None for f in firsts),
+        "first_difference_by_session": firsts,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def first_difference(one: list, many: list) -> int | None:
@@ -139,6 +171,21 @@ def render(doc: dict) -> str:
             " | broken ops (broken/compared) |",
             "|---|---:|---:|---:|---|---:|---|",
         ]
+        if "solo" in run:
+            lines[-2:] = [
+                "| probe | width | frames | sessions equal to their solo run | first differing"
+                " frame by session |",
+                "|---|---:|---:|---:|---|",
+            ]
+            for probe, widths in run["solo"].items():
+                for width, row in widths.items():
+                    firsts = ", ".join(
+                        "-" if f is None else str(f) for f in row["first_difference_by_session"]
+                    )
+                    lines.append(
+                        f"| {probe} | {width} | {row['frames']} | "
+                        f"{row['sessions_exact']}/{width} | {firsts} |"
+                    )
         for probe in ("frame", "lm"):
             for width, row in run.get(probe, {}).items():
                 first = row["end_to_end_first_difference"]
@@ -164,6 +211,11 @@ def main() -> None:
     )
     p.add_argument(
         "--keep-gib", type=float, default=4.0, help="batch-1 outputs kept for repair (GiB)"
+    )
+    p.add_argument(
+        "--solo",
+        action="store_true",
+        help="no proof: every session of each width against its own solo stream",
     )
     p.add_argument("--render", help="write this results JSON's markdown beside it, and stop")
     p.add_argument("--out", help="also write the JSON here after every width (a partial run)")
@@ -210,6 +262,15 @@ def main() -> None:
     per_row = {op for op in args.per_row.split(",") if op}
     out["per_row"] = sorted(per_row)
     for name in [p for p in args.probes.split(",") if p]:
+        if args.solo:
+            for width in widths:
+                row = solo_check(model, name, width, args.frames, per_row)
+                out.setdefault("solo", {}).setdefault(name, {})[str(width)] = row
+                print(f"solo {name} width {width}: {row}", flush=True, file=sys.stderr)
+                if args.out:
+                    with open(args.out, "w") as f:
+                        json.dump(out, f, indent=1)
+            continue
         run_one, run_at = probes[name]
         reference = run_one()
         for width in widths:

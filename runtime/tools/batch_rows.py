@@ -19,8 +19,9 @@ of each kernel at each shape, so it is measured here, not assumed:
 
 An output with the batch-1 shape (a step counter, a weight-only op) must be equal as a
 whole. Ops whose outputs have no batch axis, or whose sequence differs from the batch-1
-run (a branch on the batch size), are reported, never guessed. Outputs over
-``keep_bytes`` in total are compared by fingerprint and not repaired (said per op).
+run (a branch on the batch size), are reported, never guessed. Outputs past
+``keep_bytes`` in total, any one over ``KEEP_TENSOR_BYTES`` and views of a weight are
+compared by fingerprint and not repaired (``broken_unrepaired`` counts where that mattered).
 Randomness is not invariant under batching (a batch draws a different stream): probe
 greedy. A diagnostic run in eager mode, never on the serving path.
 """
