@@ -18,6 +18,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from duplexcadence.compiler.batch_rules import stacked_extent_problem
 from duplexcadence.compiler.callable_rules import signature_variables
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.extents import Progression, joint_states, joint_width, prod_capped
@@ -68,6 +69,11 @@ class RegionAnalysis(_Frozen):
     demand_bytes: int
     stock_bytes: int | None
     rho: float | None
+    # lockstep (compiler/batch_rules.py): the axis sessions stack on, the bytes of one
+    # slot (a session's copy: demand_bytes) and at the contract's largest batch width
+    slot: int | None = None
+    slot_bytes: int | None = None
+    batch_bytes: int | None = None
 
 
 class CatalogClass(_Frozen):
@@ -98,6 +104,13 @@ class CallableAnalysis(_Frozen):
     scope_reason: str
     staging_bytes: int  # eq. (6), first term, summed over classes
     write_through_bytes: int  # eq. (6), second term
+    # lockstep: the declared batch widths (sorted), axis and per-row ops; every class is
+    # captured once per width, so `graphs` = width x len(batch_widths) counts against
+    # the budget (= width when unbatched)
+    batch_widths: tuple[int, ...] = ()
+    batch_axis: int | None = None
+    batch_rows: tuple[str, ...] = ()
+    graphs: int = 0
 
 
 class Analysis(_Frozen):
@@ -108,6 +121,12 @@ class Analysis(_Frozen):
     demand_bytes: int
     stock_bytes: int
     reserve_bytes: int
+    # the contract's one lockstep (every batched callable declares the same widths)
+    batch_widths: tuple[int, ...] = ()
+
+    @property
+    def batched(self) -> bool:
+        return bool(self.batch_widths)
 
 
 # ------------------------------------------------------------------ regions
@@ -126,7 +145,9 @@ def retain(numbers: RegionNumbers, extent: int) -> int:
     return min(extent, numbers.bound)
 
 
-def analyse_region(r: ir.Region, n: RegionNumbers) -> RegionAnalysis:
+def analyse_region(r: ir.Region, n: RegionNumbers, widest: int | None = None) -> RegionAnalysis:
+    """One region's numbers; `widest`: the contract's largest batch width, if batched (a
+    slotted region then holds that many sessions' copies in a batched binding)."""
     shape = (
         tuple(n.envelope if d is None else d for d in n.dims)
         if n.envelope
@@ -157,6 +178,9 @@ def analyse_region(r: ir.Region, n: RegionNumbers) -> RegionAnalysis:
         demand_bytes=demand,
         stock_bytes=stock,
         rho=round(stock / demand, 3) if stock else None,
+        slot=r.slot,
+        slot_bytes=demand if widest and r.slot is not None else None,
+        batch_bytes=widest * demand if widest and r.slot is not None else None,
     )
 
 
@@ -248,6 +272,10 @@ def _layout_problem(arg: ir.Arg, k: ir.Callable, checked: Checked, config: dict)
         return error(e.code or "CLK018", f"argument '{shown}': {e.message}", e.span)
     label = ", ".join(f"{n}={v}" for n, v in config.items())
     under = f" (config {label})" if label else ""
+    if k.batch is not None:  # sessions stack on the batch axis: one session's extent is 1
+        stacked = stacked_extent_problem(arg, k, dims, under)
+        if stacked is not None:
+            return stacked
     if any(d < 0 for d in dims) or any(s < 0 for s in strides or ()) or offset < 0:
         return error(
             "CLK015",
@@ -305,7 +333,9 @@ def analyse_callable(
                 classes.append(CatalogClass(extents=extents, config=tuple(config.items())))
                 staging += _staging(k, checked, dict(extents), config)
     write_through = sum(regions[r].demand_bytes for r in k.writes if r in regions)
-    in_scope, reason = _scope(k, width, enumerated, widths, checked.budget)
+    batch_widths = tuple(sorted(set(k.batch.widths))) if k.batch is not None else ()
+    graphs = prod_capped([width, len(batch_widths) or 1], BOUND_CAP - 1)
+    in_scope, reason = _scope(k, width, graphs, enumerated, widths, checked.budget)
     return CallableAnalysis(
         name=k.name,
         mode=k.mode,
@@ -322,6 +352,10 @@ def analyse_callable(
         scope_reason=reason,
         staging_bytes=staging if in_scope else 0,
         write_through_bytes=write_through if in_scope else 0,
+        batch_widths=batch_widths,
+        batch_axis=k.batch.axis if k.batch is not None else None,
+        batch_rows=k.batch.rows if k.batch is not None else (),
+        graphs=graphs,
     )
 
 
@@ -356,11 +390,15 @@ def _configurations(k: ir.Callable, checked: Checked, names, q, problems: list[D
     return signatures, reps, rejected, False
 
 
-def _scope(k: ir.Callable, width: int, enumerated: bool, widths, budget: int):
-    """(in scope, why) of one callable."""
-    if width > budget:
+def _scope(k: ir.Callable, width: int, graphs: int, enumerated: bool, widths, budget: int):
+    """(in scope, why) of one callable. The budget counts graphs: one per class, and per
+    batch width where the callable is batched (one graph per (class, width))."""
+    if graphs > budget:
         slim = ", ".join(f"K({r})={w}" for r, w in widths if w > 1)
         shown = str(width) if enumerated else f"up to {width}"
+        if k.batch is not None:
+            n = len(set(k.batch.widths))
+            shown += f" x {n} batch width{'s' if n != 1 else ''} = {graphs} graphs"
         return False, f"catalog width {shown} exceeds budget {budget}" + (
             f" ({slim})" if slim else ""
         )
@@ -384,7 +422,11 @@ def analyse(checked: Checked) -> tuple[Analysis, list[Diagnostic]]:
     """The analysis, and the diagnostics only per-configuration evaluation finds."""
     c = checked.contract
     problems: list[Diagnostic] = []
-    regions = {r.name: analyse_region(r, checked.regions[r.name]) for r in c.regions}
+    batch_widths = tuple(sorted({w for k in c.callables if k.batch for w in k.batch.widths}))
+    regions = {
+        r.name: analyse_region(r, checked.regions[r.name], max(batch_widths, default=None))
+        for r in c.regions
+    }
     callables = tuple(analyse_callable(k, checked, regions, problems) for k in c.callables)
     demand = sum(r.demand_bytes for r in regions.values())
     stock = sum((r.stock_bytes or r.demand_bytes) for r in regions.values())
@@ -397,5 +439,6 @@ def analyse(checked: Checked) -> tuple[Analysis, list[Diagnostic]]:
         demand_bytes=demand,
         stock_bytes=stock,
         reserve_bytes=reserve,
+        batch_widths=batch_widths,
     )
     return analysis, problems

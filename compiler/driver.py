@@ -78,9 +78,10 @@ def check_source(source: str, path: str) -> Result:
     result.analysis, problems = analyse(checked)
     result.diagnostics.extend(problems)
     for k, ka in zip(contract.callables, result.analysis.callables):
-        if ka.in_scope or k.mode == "eager" and ka.width <= checked.budget:
+        # (the budget counts graphs: one per class and batch width)
+        if ka.in_scope or k.mode == "eager" and ka.graphs <= checked.budget:
             continue
-        if problems and not ka.in_scope and ka.width <= checked.budget and k.mode == "replay":
+        if problems and not ka.in_scope and ka.graphs <= checked.budget and k.mode == "replay":
             continue  # out of scope only because its evaluation failed: reported above
         span = k.prop_spans.get("mode", k.span)
         if k.mode == "eager":

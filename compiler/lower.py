@@ -15,6 +15,7 @@ from duplexcadence.dsl import ir
 from duplexcadence.compiler.analysis import Analysis, CatalogClass, tensor_layout
 from duplexcadence.compiler.lowered import (
     Aliased,
+    Batch,
     Catalog,
     CatalogRow,
     Constant,
@@ -191,6 +192,11 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         writes=tuple(w for w in k.writes if regions[w].site is not None),
         counters=tuple(Counter(n.site.dotted(), n.advances, n.start) for n in k.counters),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
+        batch=(
+            Batch(analysis.batch_widths, analysis.batch_axis, analysis.batch_rows)
+            if analysis.batch_widths
+            else None
+        ),
     )
 
 
@@ -236,6 +242,7 @@ def _region_fields(r: ir.Region, a, numbers, install: str, pa) -> dict[str, Fiel
         "retention": retention,
         "site": r.site.dotted() if r.site else None,
         "initial": r.initial,
+        "slot": r.slot,  # lockstep: the axis sessions stack on (RegionDecl.at_width)
         # (param, coeff) terms; the retention's one term tuple per field, in declared order
         "shift": (pa.extent_shift.get(r.name) or None) if pa is not None else None,
         "retention_shift": (pa.retention_shift.get(r.name) or None) if pa is not None else None,
@@ -331,6 +338,7 @@ def lower(
         constants=constants,
         params=params,
         folds=folds,
+        batch_widths=analysis.batch_widths,
     )
 
 
@@ -361,6 +369,8 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
         used.add("ParamDecl")
     if folds:
         used.add("FoldDecl")
+    if any(k.batch is not None for k in callables):
+        used.add("BatchDecl")
     for k in callables:
         if k.catalog is not None:
             used.add("CatalogDecl")

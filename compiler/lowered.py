@@ -103,6 +103,15 @@ class Retains:
 
 
 @dataclass(frozen=True)
+class Batch:
+    """`BatchDecl(widths=, axis=, rows=)`: sessions in lockstep share one call."""
+
+    widths: tuple[int, ...]  # sorted: the runtime compares callables' widths as tuples
+    axis: int
+    rows: tuple[str, ...]  # ATen op names run one session at a time
+
+
+@dataclass(frozen=True)
 class LoweredCallable:
     name: str
     site: str
@@ -120,6 +129,7 @@ class LoweredCallable:
     writes: tuple[str, ...]  # write-through regions with a site (pointer-checked)
     counters: tuple[Counter, ...]
     catalog: Catalog | None  # None when left eager
+    batch: Batch | None = None  # None: one session per call
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,8 @@ class LoweredContract:
     constants: tuple[Constant, ...]
     params: tuple[Param, ...] = ()  # session parameters, if the contract declares any
     folds: tuple[Fold, ...] = ()  # weights folded at bind, if the contract declares any
+    # the widths of the contract's lockstep, if a callable is batched: bind() takes `batch`
+    batch_widths: tuple[int, ...] = ()
 
     def context(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -39,6 +39,7 @@ GENERATED_NAMES = frozenset(
         # what it imports from the runtime
         "Aliased",
         "Autocast",
+        "BatchDecl",
         "CallableDecl",
         "CaptureClass",
         "CatalogDecl",
@@ -68,6 +69,7 @@ GENERATED_NAMES = frozenset(
         "backend",
         "params",
         "ambient",
+        "batch",
     }
 )
 # Prefixes and suffixes of names generated code once derived from contract names; no

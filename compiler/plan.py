@@ -37,6 +37,7 @@ class RegionShare:
     install: str
     nbytes: int
     owner: str  # session | lane | process | documented
+    slot: int | None = None  # lockstep: the axis sessions stack on (batch_rules.py)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Footprint:
     eager_scratch_bytes: int
     per_voice_bytes: int
     regions: tuple[RegionShare, ...] = field(default_factory=tuple)
+    # lockstep: the batch widths a binding may serve; a batched binding of width W holds
+    # W sessions' per-session regions side by side in its slots (W x per_session_bytes)
+    batch_widths: tuple[int, ...] = ()
 
     def static_bytes(self, lanes: int, sessions: int, voices: int) -> int:
         """Contract-owned bytes only (no weights, pools or kernels' workspaces)."""
@@ -74,7 +78,7 @@ def footprint(checked: Checked, analysis: Analysis) -> Footprint:
             owner = "process"
         else:
             owner = "lane"
-        shares.append(RegionShare(r.name, r.lifetime, install, demand[r.name], owner))
+        shares.append(RegionShare(r.name, r.lifetime, install, demand[r.name], owner, r.slot))
     per_session = sum(s.nbytes for s in shares if s.owner == "session")
     lane_regions = sum(s.nbytes for s in shares if s.install != "declared")
     staging = sum(k.staging_bytes for k in analysis.callables)
@@ -87,6 +91,7 @@ def footprint(checked: Checked, analysis: Analysis) -> Footprint:
         eager_scratch_bytes=eager,
         per_voice_bytes=per_session,
         regions=tuple(shares),
+        batch_widths=analysis.batch_widths,
     )
 
 
@@ -187,7 +192,12 @@ def predict(
 
 
 def footprint_json(fp: Footprint) -> dict:
-    return asdict(fp)
+    doc = asdict(fp)
+    if not fp.batch_widths:  # lockstep fields only where a callable is batched
+        del doc["batch_widths"]
+        for share in doc["regions"]:
+            del share["slot"]
+    return doc
 
 
 def plan_text(fp: Footprint, predictions: list[dict]) -> str:
@@ -201,6 +211,12 @@ def plan_text(fp: Footprint, predictions: list[dict]) -> str:
     ]
     for s in fp.regions:
         lines.append(f"    {s.name:<24} {s.lifetime:<9} {s.owner:<10} {s.nbytes / 2**20:10.2f} MiB")
+    for width in fp.batch_widths:  # the per-session regions of a batched binding
+        slotted = sum(s.nbytes for s in fp.regions if s.slot is not None)
+        lines.append(
+            f"  at batch width {width:<4} {width * slotted / gib:8.3f} GiB  "
+            f"(slotted regions: {width} sessions in lockstep, one slot each)"
+        )
     for p in predictions:
         lines.append(
             f"  {p['lanes']} lane(s), {p['voices']} voice(s): {p['sessions']} sessions "

@@ -25,8 +25,17 @@ legend:
              + the envelopes of write-through regions"""
 
 
+# Fields only a batched contract has (compiler/batch_rules.py): left out of the JSON of
+# any other, so its document is what it was before lockstep existed.
+_BATCH_ONLY = {
+    "batch_widths": True,
+    "regions": {"__all__": {"slot", "slot_bytes", "batch_bytes"}},
+    "callables": {"__all__": {"batch_widths", "batch_axis", "batch_rows", "graphs"}},
+}
+
+
 def analysis_json(a: Analysis) -> dict:
-    return a.model_dump(mode="json")
+    return a.model_dump(mode="json", exclude=None if a.batched else _BATCH_ONLY)
 
 
 def analysis_tables(a: Analysis, *, width: int = 120) -> str:
@@ -86,11 +95,48 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
         scope = "replay" if k.in_scope else f"eager: {k.scope_reason}"
         calls.add_row(k.name, str(k.q_size), widths, str(k.bound), str(k.width), scope)
     console.print(calls)
+    if a.batched:
+        for table in _lockstep_tables(a):
+            console.print(table)
     console.print(
         f"planned {a.demand_bytes / MIB:.1f} MiB vs stock {a.stock_bytes / MIB:.1f} MiB; "
         f"replay reserve (eq. 6) {a.reserve_bytes / MIB:.1f} MiB"
     )
     return buf.getvalue()
+
+
+def _lockstep_tables(a: Analysis) -> tuple[Table, Table]:
+    """A batched contract's lockstep: per batched callable its widths, axis, graphs (one
+    per class and width) and per-row ops; per slotted region one session's bytes (a
+    slot) and the bytes at the largest width (that many slots)."""
+    widest = max(a.batch_widths)
+    calls = Table(
+        title=f"{a.contract}: lockstep (batched callables)",
+        title_justify="left",
+    )
+    for col in ("callable", "widths", "axis", "graphs", "per row"):
+        calls.add_column(col)
+    for k in a.callables:
+        if k.batch_widths:
+            calls.add_row(
+                k.name,
+                ", ".join(map(str, k.batch_widths)),
+                str(k.batch_axis),
+                f"{k.width} x {len(k.batch_widths)} = {k.graphs}",
+                ", ".join(k.batch_rows) or "-",
+            )
+    slots = Table(
+        title=f"{a.contract}: slotted regions",
+        title_justify="left",
+    )
+    for col in ("region", "slot", "per slot MiB", f"at width {widest} MiB"):
+        slots.add_column(col, justify="left" if col == "region" else "right")
+    for r in a.regions:
+        if r.slot is not None:
+            slots.add_row(
+                r.name, str(r.slot), f"{r.slot_bytes / MIB:.2f}", f"{r.batch_bytes / MIB:.2f}"
+            )
+    return calls, slots
 
 
 def catalog_and_session(a: Analysis, per_session_bytes: int) -> str:
@@ -103,10 +149,23 @@ def catalog_and_session(a: Analysis, per_session_bytes: int) -> str:
             continue
         labels = "; ".join(c.label() for c in k.classes) if k.enumerated else "(not enumerated)"
         lines.append(f"  {k.name}: {k.width} class{'es' if k.width != 1 else ''}: {labels}")
+        if k.batch_widths:  # each class is captured once per width
+            widths = ", ".join(map(str, k.batch_widths))
+            lines.append(
+                f"    batched at widths {widths} on axis {k.batch_axis}: {k.graphs} graphs; "
+                f"per row: {', '.join(k.batch_rows) or '-'}"
+            )
     lines.append(
         f"{a.contract}: {per_session_bytes:,} bytes per session (regions of lifetime turn "
         "or session)"
     )
+    if a.batched:
+        widest = max(a.batch_widths)
+        slotted = sum(r.batch_bytes or 0 for r in a.regions)
+        lines.append(
+            f"{a.contract}: {slotted:,} bytes of slotted regions at batch width {widest} "
+            f"({widest} sessions in lockstep, one slot each)"
+        )
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from duplexcadence.compiler.batch_rules import BatchRules
 from duplexcadence.compiler.callable_rules import CallableRules
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.names import check_names
@@ -58,7 +59,7 @@ class Checked:
     params: dict[str, int] = field(default_factory=dict)
 
 
-class _Validator(RegionRules, CallableRules):
+class _Validator(RegionRules, CallableRules, BatchRules):
     def __init__(self, contract: ir.Contract, params: Mapping[str, int] | None = None):
         self.c = contract
         self.diags: list[Diagnostic] = []
@@ -110,8 +111,11 @@ class _Validator(RegionRules, CallableRules):
             self.check_envelope(region)
         for region in self.c.regions:
             self.check_region_size(region)
+            self.check_slot(region)
         for callable_ in self.c.callables:
             self.check_callable(callable_)
+            self.check_batch(callable_)
+        self.check_lockstep()
         for constant in self.c.constants:
             self.check_constant(constant)
         for fold in self.c.folds:

@@ -14,6 +14,7 @@ that table equal to `markdown_table()`). Codes are grouped by hundreds and tens:
   CLK07x  ambient states a callable is captured under
   CLK08x  session parameters: domains, and what may depend on them
   CLK09x  binding the model: what bind() found on it (clockc verify)
+  CLK10x  lockstep: sessions in step sharing one batched call (`batch`, `slot`)
   CLK5xx  warnings: the contract is valid but something is likely unintended
 """
 
@@ -345,6 +346,12 @@ _CODES = [
         "retention without parentheses",
         "Retention sizes are parenthesised: `ring(3000 frame)`, `window(W)`, `head(P) ++ tail(R)`.",
     ),
+    Code(
+        "CLK068",
+        "error",
+        "malformed batch",
+        "A lockstep batch is `batch widths {8, 16} axis 0 rows {aten.mean.dim}`: widths and rows are braced lists; `axis` and `rows` are optional.",
+    ),
     # ---- ambient states
     Code(
         "CLK070",
@@ -389,6 +396,49 @@ _CODES = [
         "error",
         "the model refused the binding",
         "`clockc verify` bound the contract to the model and bind() refused it: a site the model does not have, a region whose shape or layout the stock tensor there contradicts, a value outside a domain. The diagnostic points at the declaration the message names (its `site` line where the message is about a site).",
+    ),
+    # ---- lockstep
+    Code(
+        "CLK100",
+        "error",
+        "bad batch widths",
+        "`batch widths {...}` lists the numbers of sessions a batched binding serves in one call: each between 1 and 1024, none twice. Every width is its own set of graphs.",
+    ),
+    Code(
+        "CLK101",
+        "error",
+        "argument cannot be batched",
+        "Sessions stack on the batch axis of every staged tensor argument of a batched callable: the argument needs more dims than the axis and extent 1 there (per session, under every configuration); a strided argument stacks on axis 0 only (its strides are one session's), and a slot argument `region r[i]` cannot be stacked at all.",
+    ),
+    Code(
+        "CLK102",
+        "error",
+        "batch on an eager callable",
+        "`mode eager` runs the stock code for each session; only a replayed callable's graphs can serve several sessions in one call.",
+    ),
+    Code(
+        "CLK103",
+        "error",
+        "not one lockstep",
+        "A contract has one lockstep: every batched callable declares the same widths, and once one callable is batched every replayed callable is (a batched binding serves W sessions in every call).",
+    ),
+    Code(
+        "CLK104",
+        "error",
+        "bad slot axis",
+        "`slot N` names the axis a per-session region stacks its sessions on in a batched binding: N is a fixed axis of the region (not its clock-extent axis) of extent 1, and the region's lifetime is `session` or `turn`.",
+    ),
+    Code(
+        "CLK105",
+        "error",
+        "per-session region without slot",
+        "In a contract with a batched callable every region of lifetime `session` or `turn` declares `slot N`: where session i's copy lives in the batched region.",
+    ),
+    Code(
+        "CLK106",
+        "error",
+        "bad per-row op name",
+        "`rows {...}` names ATen ops as `aten.<op>` or `aten.<op>.<overload>` (e.g. `aten.mean.dim`): the ops the batched call runs one session at a time.",
     ),
     # ---- warnings
     Code(
@@ -450,6 +500,12 @@ _CODES = [
         "warning",
         "parameter reaches nothing",
         "A session parameter appears in no constant, region or argument: binding different values changes nothing.",
+    ),
+    Code(
+        "CLK512",
+        "warning",
+        "slot without a batch",
+        "A region declares `slot N` but no callable of the contract is batched: nothing stacks sessions, so the slot says nothing yet (it is kept for when a callable declares `batch`).",
     ),
 ]
 

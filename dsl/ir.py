@@ -160,6 +160,9 @@ class Region(Node):
     # zeros: the site may be absent at bind (the stock creates it on its first call,
     # reading zeros where it is absent); bind() creates it as the zeroed region
     initial: Literal["zeros"] | None = None
+    # `slot N`: the axis sessions stack on when a batched callable serves several in one
+    # call (session i's copy is index i there); its per-session extent is 1
+    slot: int | None = None
     note: str | None = None
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
 
@@ -230,6 +233,19 @@ class Ambient(Node):
     values: tuple[str, ...]
 
 
+class Batch(Node):
+    """`batch widths {8, 16} axis 0 rows {aten.mean.dim}`: sessions in step at the
+    callable's clock may share one call (lockstep). `widths`: the numbers of sessions a
+    batched binding may serve, each its own graphs; `axis`: the axis of every staged
+    tensor argument the sessions stack on (extent 1 per session); `rows`: the ops that
+    run one session at a time inside the batched call (kernels not batch-invariant)."""
+
+    widths: tuple[int, ...]
+    axis: int = 0
+    rows: tuple[str, ...] = ()
+    row_spans: tuple[Span, ...] = Field(default=(), exclude=True, repr=False)  # one per row
+
+
 class Callable(Node):
     name: str
     site: Path | None = None
@@ -244,6 +260,7 @@ class Callable(Node):
     ambient: tuple[Ambient, ...] = ()
     effects: Literal["none", "device_rng", "host_rng"] = "none"
     mode: Literal["replay", "eager"] = "replay"
+    batch: Batch | None = None
     note: str | None = None
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
 

@@ -29,9 +29,10 @@ _REGION_KEYWORDS = [
     "address",
     "allocate",
     "site",
+    "slot",
     "note",
 ]
-_CALLABLE_KEYWORDS = ["site", "per", "aliased", "writes", "effects", "mode", "note"]
+_CALLABLE_KEYWORDS = ["site", "per", "aliased", "writes", "effects", "mode", "batch", "note"]
 _CONSTANT_KEYWORDS = ["site", "dtype", "dims", "install", "note"]
 _FOLD_KEYWORDS = ["site", "by", "note"]
 
@@ -145,6 +146,24 @@ MISTAKES: list[tuple[str, str, list[str]]] = [
                 "retention window x",
                 "retention head 3",
                 "retention head x",
+            ],
+        ),
+    ),
+    (
+        "CLK068",
+        "a lockstep batch is written `batch widths {8, 16} axis 0 rows {aten.mean.dim}` "
+        "(braced lists; `axis` and `rows` optional)",
+        _in_block(
+            "callable",
+            [
+                "batch 8",
+                "batch {8}",
+                "batch widths 8",
+                "batch widths [8]",
+                "batch widths (8)",
+                "batch widths {8} rows aten.mean.dim",
+                "batch widths {8} axis 0 rows aten.mean.dim",
+                "batch widths {8} rows [aten.mean.dim]",
             ],
         ),
     ),

@@ -183,6 +183,27 @@ class _ToIR(Transformer):
     prop_install = _prop("install")
     prop_by = _prop("by")
 
+    def prop_slot(self, meta, c):
+        return _Prop("slot", int(c[0]), meta_span(meta))
+
+    def batch_axis(self, meta, c):
+        return int(c[0])
+
+    def batch_rows(self, meta, c):
+        return tuple((str(x), token_span(x)) for x in c)
+
+    def prop_batch(self, meta, c):
+        # INT tokens, then the optional axis (an int or None) and rows (a tuple or None)
+        *widths, axis, rows = c
+        node = ir.Batch(
+            widths=tuple(int(w) for w in widths),
+            axis=0 if axis is None else axis,
+            rows=tuple(op for op, _ in rows or ()),
+            row_spans=tuple(span for _, span in rows or ()),
+            span=meta_span(meta),
+        )
+        return _Prop("batch", node, meta_span(meta))
+
     def prop_note(self, meta, c):
         return _Prop("note", str(c[0])[1:-1], meta_span(meta))
 

@@ -77,6 +77,8 @@ def _region(r: ir.Region) -> list[str]:
         out.append(f"  site {path(r.site)}")
     if r.initial is not None:
         out.append(f"  initial {r.initial}")
+    if r.slot is not None:
+        out.append(f"  slot {r.slot}")
     if r.note is not None:
         out.append(f'  note "{r.note}"')
     return out + ["}"]
@@ -125,6 +127,10 @@ def _callable(k: ir.Callable) -> list[str]:
         )
     out.append(f"  effects {k.effects}")
     out.append(f"  mode {k.mode}")
+    if k.batch is not None:
+        b = k.batch
+        line = "  batch widths {" + ", ".join(map(str, b.widths)) + f"}} axis {b.axis}"
+        out.append(line + (" rows {" + ", ".join(b.rows) + "}" if b.rows else ""))
     if k.note is not None:
         out.append(f'  note "{k.note}"')
     return out + ["}"]

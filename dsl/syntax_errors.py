@@ -45,6 +45,7 @@ _FRIENDLY = {
     "INSTALL": "an install kind (device_buffer, hoisted, left_eager)",
     "FOLD_KIND": "a fold kind (weight_norm)",
     "COMPARE": "a comparison (<=, <, ==, !=, >=, >)",
+    "OP_NAME": "an op name (aten.mean.dim, ...)",
     "$END": "end of file",
 }
 
