@@ -14,7 +14,7 @@ its layer guarantees, imports going one way only (tests/test_runtime_layers.py):
   engine/   one callable, one graph per exact signature: replay (+ replay_capture,
             replay_telemetry, replay_entry), signature, classes, backend (the only
             CUDA-graph code), host_program, hoist, effects, ambient, determinism,
-            capture_state, outputs, calls
+            capture_state, outputs, calls, per_row
   serving/  a contract bound to a model: declared, binder, binding (+ binding_report,
             capture_section), lane (+ lane_engines, lane_values), params, sessions
             (the pool) and session, session_state, lane_scheduler, eager_lock,
@@ -115,6 +115,7 @@ from .serving.binding import Binding, infer_device  # noqa: E402
 from .serving.binder import Dispatcher, bind_contract  # noqa: E402
 from .serving.declared import (  # noqa: E402
     Aliased,
+    BatchDecl,
     CallableDecl,
     ConstantDecl,
     ContractDecl,
@@ -151,6 +152,7 @@ __all__ += [
     "ParamDecl",
     "ParamError",
     "Aliased",
+    "BatchDecl",
     "CallableDecl",
     "ConstantDecl",
     "ContractDecl",

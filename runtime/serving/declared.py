@@ -20,6 +20,15 @@ How bind provides a region (``RegionDecl.install``):
 Region lifetimes decide what sessions own (``sessions.py``): ``turn`` and ``session``
 regions are per session; ``operator``, ``chunk`` and ``unit`` are per lane (scratch);
 ``process`` is shared.
+
+Lockstep (``batch`` on a callable, ``slot`` on a region): sessions in step at the
+callable's clock may share one call. The declaration is per session; ``at_width(W)``
+is the same contract with ``W`` sessions stacked: every batched callable's staged
+arguments ``W`` times longer on its ``axis`` and every slotted region ``W`` times
+longer on its ``slot`` axis (session ``i`` owns index ``i`` there: slot-major storage
+at one stable address). ``bind(batch=W)`` binds that declaration and runs each
+callable's ``rows`` ops one session at a time inside the batched call
+(``engine/per_row.py``): the kernels a proof found not batch-invariant.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator, Literal, Mapping
 
 from ..engine.ambient import AUTOCAST_OFF, Autocast
-from ..engine.classes import CaptureClass
+from ..engine.classes import CaptureClass, RegionView, TensorSpec
 from ..engine.effects import Effect
 from .params import ParamDecl
 from ..state.regions import RegionSpec
@@ -65,9 +74,26 @@ class RegionDecl:
     # the shape likewise, one term tuple per dim; ``spec.shape`` is the domain's largest
     # (the envelope): a lane or a session allocates its value's (params.shape_at)
     shape_shift: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # the axis sessions stack on in a batched binding (its per-session extent is 1)
+    slot: int | None = None
 
     def __post_init__(self) -> None:
         _normalise(self, site=_steps(self.site))
+        if self.slot is not None and not 0 <= self.slot < len(self.spec.shape):
+            raise ValueError(f"region {self.name}: slot axis {self.slot} outside {self.spec.shape}")
+
+    def at_width(self, width: int) -> "RegionDecl":
+        """This region with ``width`` sessions stacked on its slot axis (a session's
+        extent there is 1)."""
+        if self.slot is None:
+            return self
+        shape = list(self.spec.shape)
+        if shape[self.slot] != 1:
+            raise ValueError(
+                f"region {self.name}: slot axis {self.slot} of {self.spec.shape} is not of extent 1"
+            )
+        shape[self.slot] = width
+        return replace(self, spec=replace(self.spec, shape=tuple(shape)))
 
     @property
     def name(self) -> str:
@@ -119,6 +145,43 @@ class Counter:
 
 
 @dataclass(frozen=True)
+class BatchDecl:
+    """``batch widths {8} axis 0 rows {aten.mean.dim}``: the slot widths a batched
+    binding may have, the axis of the staged arguments sessions stack on, and the ops
+    that run one session at a time inside the batched call."""
+
+    widths: tuple[int, ...]
+    axis: int = 0
+    rows: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _normalise(self, widths=tuple(self.widths), rows=tuple(self.rows))
+        if not self.widths or any(type(w) is not int or w < 1 for w in self.widths):
+            raise ValueError(f"batch widths must be positive ints, got {self.widths!r}")
+        if self.axis < 0:
+            raise ValueError(f"batch axis must be >= 0, got {self.axis}")
+
+
+def _stacked(x: Any, axis: int, width: int, where: str) -> Any:
+    """A catalog argument structure with every staged tensor ``width`` times longer on
+    ``axis`` (its per-session extent there is 1)."""
+    if isinstance(x, TensorSpec):
+        if not (axis < len(x.shape) and x.shape[axis] == 1):
+            raise ValueError(f"{where}: batch axis {axis} of {x.shape} is not of extent 1")
+        if x.stride is not None and axis != 0:
+            raise ValueError(f"{where}: an argument with strides stacks on axis 0 only")
+        shape = x.shape[:axis] + (width,) + x.shape[axis + 1 :]
+        return replace(x, shape=shape)
+    if isinstance(x, RegionView):
+        raise ValueError(f"{where}: a region-slot argument cannot be batched")
+    if type(x) in (tuple, list):
+        return type(x)(_stacked(i, axis, width, where) for i in x)
+    if type(x) is dict:
+        return {k: _stacked(v, axis, width, where) for k, v in x.items()}
+    return x
+
+
+@dataclass(frozen=True)
 class CallableDecl:
     name: str
     site: tuple[Step, ...]
@@ -138,6 +201,7 @@ class CallableDecl:
     # replaced by a contiguous copy before the call is keyed (the contract states the
     # callable's values do not depend on its layout), so the catalog names shapes only
     layout_free: tuple[tuple[Literal["args", "kwargs"], tuple[Step, ...]], ...] = ()
+    batch: BatchDecl | None = None  # sessions in step may share one call (lockstep)
 
     def __post_init__(self) -> None:
         # a CatalogDecl (or any sequence) of classes is kept as the tuple it expands to
@@ -147,6 +211,22 @@ class CallableDecl:
             classes=tuple(self.classes),
             layout_free=tuple((where, _steps(steps)) for where, steps in self.layout_free),
         )
+
+    def at_width(self, width: int) -> "CallableDecl":
+        """This callable with ``width`` sessions stacked in each staged argument."""
+        if self.batch is None:
+            return self
+        where = f"callable {self.name}"
+        axis = self.batch.axis
+        classes = tuple(
+            replace(
+                c,
+                args=_stacked(c.args, axis, width, where),
+                kwargs=_stacked(dict(c.kwargs), axis, width, where),
+            )
+            for c in self.classes
+        )
+        return replace(self, classes=classes)
 
 
 @dataclass(frozen=True)
@@ -213,6 +293,32 @@ class ContractDecl:
             out[f.name] = f.site
         return out
 
+    @property
+    def batch_widths(self) -> tuple[int, ...]:
+        """The slot widths every batched callable declares (one lockstep per contract);
+        () when none is batched."""
+        widths = {k.batch.widths for k in self.callables if k.batch is not None}
+        if len(widths) > 1:
+            raise ValueError(f"contract {self.name}: batched callables disagree on widths {widths}")
+        return next(iter(widths), ())
+
+    def at_width(self, width: int) -> "ContractDecl":
+        """The declaration of ``width`` sessions in lockstep (module docstring); width 1
+        is this one. Only a declared width may be bound."""
+        if width == 1:
+            return self
+        if width not in self.batch_widths:
+            declared = ", ".join(map(str, self.batch_widths)) or "none: no callable is batched"
+            raise ValueError(f"contract {self.name}: batch width {width} is not declared ({declared})")
+        unbatched = [k.name for k in self.callables if k.replay and k.batch is None]
+        if unbatched:
+            raise ValueError(f"contract {self.name}: callables {unbatched} declare no batch")
+        return replace(
+            self,
+            regions={n: r.at_width(width) for n, r in self.regions.items()},
+            callables=tuple(k.at_width(width) for k in self.callables),
+        )
+
 
 def _with_pins(k: CallableDecl, regions: dict[str, RegionDecl]) -> CallableDecl:
     """``k`` with every pinned region it writes among its pins: the stock code rebinds
@@ -233,9 +339,10 @@ _DECL_FIELDS = (
     "shift",
     "retention_shift",
     "shape_shift",
+    "slot",
 )
 _OPTIONAL = frozenset(
-    {"axis", "retention", "site", "initial", "shift", "retention_shift", "shape_shift"}
+    {"axis", "retention", "site", "initial", "shift", "retention_shift", "shape_shift", "slot"}
 )
 
 
@@ -245,8 +352,8 @@ class RegionTable(Mapping[str, RegionDecl]):
     ``common`` holds the fields every region shares, ``rows`` each region's own fields
     (name -> fields); a field is one of RegionSpec's (``dtype``, ``shape``, ``axis``,
     ``lifetime``, ``mutability``) or RegionDecl's (``install``, ``retention``, ``site``,
-    ``initial``, ``shift``, ``retention_shift``, ``shape_shift``). ``axis``, ``retention``,
-    ``site``, ``initial`` and the three shifts may be absent (RegionDecl's default); a field given in
+    ``initial``, ``shift``, ``retention_shift``, ``shape_shift``, ``slot``). ``axis``,
+    ``retention``, ``site``, ``initial``, ``slot`` and the three shifts may be absent (RegionDecl's default); a field given in
     both ``common`` and a row is an error, not an override."""
 
     def __init__(self, common: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> None:

@@ -35,7 +35,8 @@ import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .op_trace import DATA_OUTPUTS, UNINITIALISED_OPS, OpTrace, _modules, fingerprint
+from ..engine.per_row import PerRow, weight_storages
+from .op_trace import DATA_OUTPUTS, UNINITIALISED_OPS, OpTrace, fingerprint
 
 # batch-1 outputs kept as clones for comparison and repair; past it, fingerprints only
 DEFAULT_KEEP_BYTES = 4 << 30
@@ -220,55 +221,6 @@ class RowChecker(OpTrace):
         if repaired:
             block.copy_(want)
         self.proof.broken.append(OpVerdict(index, ref.op, ref.module, shape, axis, repaired))
-
-
-class PerRow(TorchDispatchMode):
-    """Runs the named ops (``str(func)``, as a proof names them) one row at a time: a
-    tensor argument whose leading axis is ``width`` blocks long (batch-major: ``(B,
-    ...)`` or ``B * T`` rows folded) is split into its ``width`` blocks, each block's
-    call is the batch-1 call (same shapes, same kernel, same bits), and the results are
-    concatenated. What issue 24 calls falling back for one op inside a batched call: the
-    rest of the call stays batched. Weights (``weights``: their storages) are never
-    split; an op with no batched argument runs whole."""
-
-    def __init__(
-        self, ops: set[str] | frozenset[str], width: int, weights: set[int] = frozenset()
-    ) -> None:
-        super().__init__()
-        self.ops, self.width, self.weights = frozenset(ops), width, weights
-        self.calls = 0  # ops run per row
-
-    def _batched(self, a: Any) -> bool:
-        return (
-            isinstance(a, torch.Tensor)
-            and a.dim() > 0
-            and a.shape[0] % self.width == 0
-            and a.untyped_storage().data_ptr() not in self.weights
-        )
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        if str(func) not in self.ops:
-            return func(*args, **kwargs)
-        batched = [self._batched(a) for a in args]
-        if not any(batched):
-            return func(*args, **kwargs)
-        self.calls += 1
-        rows = []
-        for r in range(self.width):
-            row_args = [
-                a[r * (n := a.shape[0] // self.width) : (r + 1) * n] if b else a
-                for a, b in zip(args, batched)
-            ]
-            rows.append(func(*row_args, **kwargs))
-        if not all(isinstance(t, torch.Tensor) for t in rows):
-            raise TypeError(f"PerRow: {func} returns no tensor; it cannot run per row")
-        return torch.cat(rows)
-
-
-def weight_storages(model: Any) -> set[int]:
-    """The storages of ``model``'s parameters (a weight is the same in every row)."""
-    return {p.untyped_storage().data_ptr() for _, m in _modules(model) for p in m.parameters(False)}
 
 
 def prove_rows(
