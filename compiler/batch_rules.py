@@ -81,6 +81,17 @@ class BatchRules:
                     "(`aten.<op>` or `aten.<op>.<overload>`, e.g. `aten.mean.dim`)",
                     b.row_spans[i] if i < len(b.row_spans) else span,
                 )
+        if b.rows and b.axis != 0:
+            # PerRow (runtime/engine/per_row.py) splits an op's tensors on their leading
+            # axis into W blocks: a session's block is leading only when sessions stack
+            # batch-major
+            self.err(
+                "CLK106",
+                f"callable '{k.name}' runs ops per row but stacks sessions on batch axis "
+                f"{b.axis}: per-row ops split their tensors on the leading axis, so `rows` "
+                "needs `axis 0`",
+                span,
+            )
         for arg in k.args:
             self._check_batched_arg(k, arg)
 

@@ -236,9 +236,6 @@ def _properties(text: str, out: Outcome, *, bind: bool) -> None:
     if nbytes > BIND_BYTES_LIMIT:
         out.skipped_bind = f"{nbytes >> 20} MiB"
         return
-    if compiled.analysis.batched and not _binder_takes_batch():
-        out.skipped_bind = "lockstep: this runtime's bind_contract takes no `batch` yet"
-        return
     began = time.perf_counter()
     bind_on_fake_model(compiled)
     out.bound = True
@@ -258,15 +255,6 @@ def import_package(files: dict[str, str]):
     """Import a generated package from a temporary folder under a fresh name."""
     module = import_generated(files, prefix="fuzzpkg")
     return module.__name__, module
-
-
-def _binder_takes_batch() -> bool:
-    """Whether the runtime binds lockstep contracts (their adapters pass `batch=`)."""
-    import inspect
-
-    from duplexcadence.runtime import bind_contract
-
-    return "batch" in inspect.signature(bind_contract).parameters
 
 
 def bind_on_fake_model(r: Result) -> None:

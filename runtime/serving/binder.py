@@ -9,6 +9,12 @@ device, and puts a ``Dispatcher`` at every callable's site. Declared folds (fold
 are applied first, before anything is built, read or captured. On CUDA it captures
 every catalog before traffic unless told ``capture=False``.
 
+``batch=W`` binds the lockstep declaration of ``W`` sessions (``ContractDecl.at_width``):
+every batched callable is called with ``W`` sessions stacked on its batch axis and every
+slotted region holds ``W`` sessions' state, one per slot, at one stable address; the ops
+a callable names in ``rows`` run one session at a time inside each call (engine/
+per_row.py), in eager calls, warm-up and capture alike, so its graphs replay them so.
+
 A ``Dispatcher`` is what the model's code calls instead of the stock callable. Inside
 a session's ``run`` it calls the session's lane (sessions.py). Without a session it
 calls lane 0, one caller at a time (``Binding.plain_lock``: a binding is one stream,
@@ -26,6 +32,7 @@ import torch
 from ..engine.backend import FakeGraphBackend
 from .binding import Binding, infer_device
 from .declared import ContractDecl
+from ..engine.per_row import weight_storages
 from ..engine.determinism import apply_settings
 from ..state.folds import apply_folds, plan_folds
 from .lane import Lane
@@ -69,6 +76,7 @@ def bind_contract(
     backend: Any = None,
     params: dict | None = None,
     ambient: Any = None,
+    batch: int | None = None,
 ) -> Binding:
     """Install ``decl`` on ``model`` and return the Binding (see module docstring).
 
@@ -81,8 +89,12 @@ def bind_contract(
     "off", "float32", "float16", ...) this deployment calls its callables under; a
     callable that declares several captures only these (a float32 deployment never
     meets float16: half the catalog, half the capture time), its calls under another
-    state run eager (``ambient_state``). None: every declared state."""
+    state run eager (``ambient_state``). None: every declared state. ``batch``: the
+    number of sessions in lockstep (module docstring), one of the declared widths;
+    None or 1: one session per call."""
     backend, simulated = _backend(backend)
+    width = _batch_width(batch)
+    decl = decl.at_width(width)  # ValueError for a width the contract does not declare
     served_ambient = _served_ambient(decl, ambient)
     # a carry's site holds the primed stock state; binding before priming
     # (capture=False) may precede it, so capture() checks those sites instead
@@ -103,6 +115,10 @@ def bind_contract(
         backend=backend,
     )
     binding.served_ambient = served_ambient
+    binding.batch = width
+    if width > 1 and any(k.batch is not None and k.batch.rows for k in decl.callables):
+        # a weight is the same in every row: PerRow never splits it
+        binding.row_weights = weight_storages(model)
     try:
         # weights folded first: every lane, read and capture below sees the folded module
         binding.folds = apply_folds(fold_plan)
@@ -148,6 +164,17 @@ def _served_ambient(decl: ContractDecl, ambient: Any) -> frozenset[str] | None:
             f"{declared} (unknown: {unknown or 'none given'})"
         )
     return frozenset(ambient)
+
+
+def _batch_width(batch: Any) -> int:
+    """``batch`` as a width: an int (not a bool), 1 for None."""
+    if batch is None:
+        return 1
+    if type(batch) is not int:
+        raise TypeError(f"batch must be an int (sessions per call), got {batch!r}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    return batch
 
 
 BACKENDS = ("cuda", "simulate")

@@ -69,6 +69,10 @@ class Binding:
         self.eager_lock = EagerLock()  # first come first served (eager_lock.py)
         self.plain_lock = threading.RLock()  # callers without a session, one at a time
         self.pool: Any = None  # the SessionPool, once sessions are served
+        # sessions stacked in each batched call (bind(batch=W)) and the storages PerRow
+        # never splits (the model's weights), found once at bind
+        self.batch = 1
+        self.row_weights: set[int] = set()
         self.site_rebinds = 0
         # eager sections' waits for the eager lock (a capture holds it for its catalog):
         # how long sessions' eager steps queued behind captures and each other
@@ -234,6 +238,14 @@ class Binding:
         from duplexcadence.runtime.serving.sessions import SessionPool
 
         SessionPool.check_args(lanes, kwargs.get("timeout_s", 60.0))
+        if self.batch > 1:
+            # a pool swaps one session's state into a lane per step; a batched binding's
+            # slots hold W sessions at once, which that swap would not keep apart
+            raise RuntimeError(
+                f"binding of {self.contract} is batched ({self.batch} sessions per call): "
+                "it serves its slots' sessions in lockstep, not a session pool; bind "
+                "without batch= for a pool"
+            )
         if self.pool is not None:
             raise RuntimeError(f"binding of {self.contract} already serves a session pool")
         return SessionPool(self, lanes=lanes, **kwargs)

@@ -32,6 +32,7 @@ def binding_stats(b: Binding) -> dict:
         "site_rebinds": b.site_rebinds,
         "sessions": None if b.pool is None else b.pool.stats(),
         "params": _params_stats(b),
+        "batch": _batch_stats(b),
     }
 
 
@@ -59,6 +60,15 @@ def binding_report(b: Binding, width: int = 120) -> str:
     lines.extend(f.report_line() for f in b.folds)
     for name, why in b.declared.items():
         lines.append(f"  region {name}: {why}")
+    batch = _batch_stats(b)
+    if batch is not None:
+        rows = "; ".join(
+            f"{name}: {', '.join(ops) if ops else 'none'}" for name, ops in batch["rows"].items()
+        )
+        lines.append(
+            f"  lockstep: {batch['width']} sessions per call (declared widths "
+            f"{', '.join(map(str, batch['widths']))}); ops per row: {rows}"
+        )
     params = _params_stats(b)
     if params is not None:
         held = "; ".join(", ".join(s["held"]) for s in params["lanes"])
@@ -91,6 +101,17 @@ def _params_stats(b: Binding) -> dict | None:
         "regrows": sum(s["regrows"] for s in lanes),
         "regrow_s": sum(s["regrow_s"] for s in lanes),
         "lanes": lanes,
+    }
+
+
+def _batch_stats(b: Binding) -> dict | None:
+    """A batched binding's width and, per batched callable, the ops it runs per row."""
+    if b.batch == 1:
+        return None
+    return {
+        "width": b.batch,
+        "widths": list(b.decl.batch_widths),
+        "rows": {k.name: list(k.batch.rows) for k in b.decl.callables if k.batch is not None},
     }
 
 

@@ -160,6 +160,9 @@ class BatchDecl:
             raise ValueError(f"batch widths must be positive ints, got {self.widths!r}")
         if self.axis < 0:
             raise ValueError(f"batch axis must be >= 0, got {self.axis}")
+        if self.rows and self.axis != 0:
+            # PerRow splits on the leading axis (clockc's CLK106 says the same)
+            raise ValueError(f"per-row ops need batch axis 0, got axis {self.axis}")
 
 
 def _stacked(x: Any, axis: int, width: int, where: str) -> Any:
@@ -309,7 +312,9 @@ class ContractDecl:
             return self
         if width not in self.batch_widths:
             declared = ", ".join(map(str, self.batch_widths)) or "none: no callable is batched"
-            raise ValueError(f"contract {self.name}: batch width {width} is not declared ({declared})")
+            raise ValueError(
+                f"contract {self.name}: batch width {width} is not declared ({declared})"
+            )
         unbatched = [k.name for k in self.callables if k.replay and k.batch is None]
         if unbatched:
             raise ValueError(f"contract {self.name}: callables {unbatched} declare no batch")

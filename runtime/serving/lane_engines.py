@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..engine.per_row import PerRow
 from ..engine.replay import ExactShapeReplay
 from ..state.counters import HostCounter
 from ..state.pins import pin_at
@@ -90,10 +91,17 @@ class LaneEngines:
         stock = b.stock_callables[k.name]
         retains = [(self.regions[r.region], r.steps) for r in k.retains]
         pins = [(b.decl.regions[w].site, self.regions[w]) for w in k.pins]
+        rows = k.batch.rows if b.batch > 1 and k.batch is not None else ()
 
         def body(*args: Any, **kwargs: Any) -> Any:
             with b.eager_section(self):
-                result = stock(*args, **kwargs)
+                if rows:
+                    # the ops no proof found batch-invariant, one session at a time; a
+                    # capture records the per-row kernels, so replay runs them so too
+                    with PerRow(rows, b.batch, b.row_weights):
+                        result = stock(*args, **kwargs)
+                else:
+                    result = stock(*args, **kwargs)
                 for carry, steps in retains:
                     result = replace_at(result, steps, carry.retain(get_at(result, steps)))
                 for site, region in pins:
