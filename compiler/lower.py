@@ -190,7 +190,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         ),
         # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
-        counters=tuple(Counter(n.site.dotted(), n.advances, n.start) for n in k.counters),
+        counters=tuple(Counter(n.site.dotted(), n.advances, n.start, n.staged) for n in k.counters),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
         batch=(
             Batch(analysis.batch_widths, analysis.batch_axis, analysis.batch_rows)

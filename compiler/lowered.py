@@ -94,6 +94,7 @@ class Counter:
     site: str
     advances: int
     start: int
+    staged: bool = False
 
 
 @dataclass(frozen=True)

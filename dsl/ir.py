@@ -223,6 +223,9 @@ class HostCounter(Node):
     site: Path
     advances: int
     start: int
+    # `staged`: what the body derives from it reaches the graph through device buffers
+    # (runtime/engine/staging.py), so replays read the live value, not the capture's
+    staged: bool = False
 
 
 class Ambient(Node):

@@ -118,7 +118,8 @@ def _callable(k: ir.Callable) -> list[str]:
         )
         out.append(f"  config {names} in {{{values}}}")
     for n in k.counters:
-        out.append(f"  counter {path(n.site)} advances {n.advances} from {n.start}")
+        staged = " staged" if n.staged else ""
+        out.append(f"  counter {path(n.site)} advances {n.advances} from {n.start}{staged}")
     for a in k.ambient:
         out.append(f"  ambient {a.axis} in {{{', '.join(a.values)}}}")
     if k.admit:

@@ -9,7 +9,9 @@ recomputes host-derived values — rotary positions from a host offset, a slice 
 a Python counter, an attribute rebound to a new tensor each call — and passes a contract
 whose real graph bakes the capture's values and silently returns other bytes.
 
-``HostProgram`` closes that gap. While the capture call runs, a ``TorchDispatchMode``
+``HostProgram`` closes that gap, and on every backend capture uses it too
+(``replay_capture.py``): the capture call is checked against the eager call just before
+it, so a host value that moves between calls is refused before any graph replays it. While the capture call runs, a ``TorchDispatchMode``
 writes down, for every op the body hands the dispatcher, its name and the host side of
 its arguments:
 
@@ -42,13 +44,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 # ops that make a tensor from host data: compared by value, not by address
 _FROM_HOST = frozenset({"aten.lift_fresh", "aten.lift_fresh_copy"})
 _TORCH_DIR = str(Path(torch.__file__).parent)
-_THIS_FILE = __file__
+# the runtime's own frames (this module, the engine, hoist's mode) are never the model's
+_RUNTIME_DIR = str(Path(__file__).resolve().parent.parent)
 
 
 class StaleHostValue(RuntimeError):
@@ -66,9 +69,17 @@ class HostProgram(TorchDispatchMode):
     """Record (``expected=None``) or check (``expected``: a recorded program) the host side
     of one call, op by op. After a checking run ``difference`` is None or what differed."""
 
-    def __init__(self, expected: list[_OpRecord] | None = None) -> None:
+    def __init__(
+        self,
+        expected: list[_OpRecord] | None = None,
+        *,
+        now: str = "now",
+        then: str = "at capture",
+    ) -> None:
         super().__init__()
         self.expected = expected
+        # how a difference names this call and the recorded one
+        self.now, self.then = now, then
         self.ops: list[_OpRecord] = []
         # tensors made by this call's ops, by id (weak: a freed one is not kept alive,
         # and a reused id is told apart by identity)
@@ -108,7 +119,9 @@ class HostProgram(TorchDispatchMode):
         if self._made.get(id(x)) is x:
             return ("made", self._index[id(x)])
         if name in _FROM_HOST:
-            return ("host data", _values_digest(x), tuple(x.shape), str(x.dtype))
+            # (a device tensor's values cannot be read inside a capture: its shape then)
+            digest = _values_digest(x) if x.device.type == "cpu" else f"on {x.device.type}"
+            return ("host data", digest, tuple(x.shape), str(x.dtype))
         ptr = x.data_ptr() if x.numel() else 0
         return ("address", ptr, tuple(x.shape), tuple(x.stride()), str(x.dtype))
 
@@ -118,22 +131,22 @@ class HostProgram(TorchDispatchMode):
         i = len(self.ops)
         if i >= len(self.expected):
             self.difference = (
-                f"op #{i} {record.op}: the captured call ran {len(self.expected)} ops, this "
-                f"one more (a host branch taken another way){_where()}"
+                f"op #{i} {record.op}: the call {self.then} ran {len(self.expected)} ops, the "
+                f"call {self.now} more (a host branch taken another way){model_line()}"
             )
             return
         was = self.expected[i]
         if was.op != record.op:
             self.difference = (
-                f"op #{i} is {record.op}, the capture ran {was.op} there (a host branch "
-                f"taken another way){_where()}"
+                f"op #{i} is {record.op} {self.now}, {was.op} {self.then} (a host branch "
+                f"taken another way){model_line()}"
             )
             return
         for k, (then, now) in enumerate(zip(was.args, record.args)):
             if then != now:
                 self.difference = (
-                    f"op #{i} {record.op}, argument {k}: {_describe(now)} now, "
-                    f"{_describe(then)} at capture{_where()}"
+                    f"op #{i} {record.op}, argument {k}: {_describe(now)} {self.now}, "
+                    f"{_describe(then)} {self.then}{model_line()}"
                 )
                 return
 
@@ -142,8 +155,8 @@ class HostProgram(TorchDispatchMode):
         if self.expected is not None and self.difference is None:
             if len(self.ops) < len(self.expected):
                 self.difference = (
-                    f"the call ran {len(self.ops)} ops, the capture {len(self.expected)} "
-                    "(a host branch taken another way)"
+                    f"the call {self.now} ran {len(self.ops)} ops, the call {self.then} "
+                    f"{len(self.expected)} (a host branch taken another way)"
                 )
 
 
@@ -181,8 +194,11 @@ def _plain(x: Any) -> Any:
 
 
 def _values_digest(t: torch.Tensor) -> str:
-    data = t.detach().contiguous().cpu()
-    return hashlib.sha256(data.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+    # out of every mode: a recorder around this one (capture's check around the simulate
+    # backend's own) must not see the digest's ops as the model's
+    with _disable_current_modes():
+        data = t.detach().contiguous().cpu()
+        return hashlib.sha256(data.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
 
 def _describe(arg: tuple) -> str:
@@ -197,10 +213,11 @@ def _describe(arg: tuple) -> str:
     return f"a {dtype} tensor {list(shape)} stride {list(stride)} at 0x{ptr:x}"
 
 
-def _where() -> str:
-    """The innermost line of the caller's code (outside torch and this module)."""
+def model_line() -> str:
+    """ ", at file:line (code)" of the innermost frame of the model's code (outside torch
+    and the runtime), or "" when there is none."""
     for frame in reversed(traceback.extract_stack()):
-        if frame.filename == _THIS_FILE or frame.filename.startswith(_TORCH_DIR):
+        if frame.filename.startswith((_RUNTIME_DIR, _TORCH_DIR)):
             continue
         return f", at {Path(frame.filename).name}:{frame.lineno} ({frame.line})"
     return ""

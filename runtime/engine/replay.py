@@ -57,6 +57,7 @@ from .replay_capture import CaptureSteps
 from .replay_entry import Entry, buffer_key
 from .replay_telemetry import ReplayTelemetry
 from .signature import CatalogDispatch, Miss, describe_mismatch, signature_and_leaves
+from .staging import Staging
 from ..telemetry import LOGGER
 
 
@@ -100,6 +101,9 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
         self.pool = pool
         self.counters = tuple(counters)
+        # every declared counter is traced while capturing (staging.py): guarded, and
+        # a staged one read live by the graphs
+        self.staging = Staging(self.counters) if self.counters else None
         self.ambient = tuple(ambient)
         if not self.ambient or len(set(self.ambient)) != len(self.ambient):
             raise ValueError(f"{name}: ambient states must be distinct and non-empty")
@@ -118,6 +122,7 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
         self.effect: Effect | None = None
         self.rejected: str | None = None
+        self.rejected_detail = ""
         self.captured = False
         self.hits = 0
         self.misses: Counter[str] = Counter()
@@ -152,7 +157,7 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         if not replay_enabled():
             return self._eager(R.DISABLED, args, kwargs)
         if self.rejected is not None:
-            return self._eager(self.rejected, args, kwargs)
+            return self._eager(self.rejected, args, kwargs, lambda: self.rejected_detail)
         if not self.captured:
             # without a backend that can capture here (a CPU binding) nothing ever will:
             # eager by design, not a capture that is still pending
@@ -191,6 +196,17 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
             )
         if e.status != "captured":  # a class of this group whose capture failed
             return self._eager(R.CAPTURE_FAILED, args, kwargs, lambda: e.detail)
+        if e.stage_uses is not None:
+            values = self.staging.values()  # type: ignore[union-attr]
+            broken = e.stage_uses.broken_guard(values)
+            if broken is not None:
+                return self._eager(
+                    R.STAGED_GUARD,
+                    args,
+                    kwargs,
+                    lambda: f"class {e.name}: {broken.show(self.staging.names)}",
+                )
+            e.stage_uses.stage(values)
         for i, buf in e.staged:
             buf.copy_(leaves[i])
         try:

@@ -8,6 +8,7 @@ that ``ExactShapeReplay.__init__`` creates.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Callable, Container
 
@@ -16,6 +17,7 @@ import torch
 from ..progress import capture_progress
 from ..state.counters import at_start
 from ..telemetry import LOGGER
+from . import host_program
 from . import signature as R
 from .ambient import ambient_state
 from .capture_state import CaptureSnapshot
@@ -25,6 +27,7 @@ from .effects import Effect, classify, host_rng_snapshot
 from .outputs import OutputPlan
 from .replay_entry import Entry, buffer_key
 from .signature import CatalogDispatch, is_unkeyable, signature_and_leaves
+from .staging import UnstagedUse
 
 if TYPE_CHECKING:
     from .replay import ExactShapeReplay
@@ -146,6 +149,10 @@ class CaptureSteps:
                 e.inputs = (args, kwargs)
                 with self.host_constants:
                     captured = self._probe_and_capture(e, args, kwargs, snap)
+        except UnstagedUse as exc:  # the contract's mistake: no class of it replays
+            self._reject(R.STALE_HOST_VALUE, f"class {e.name}: {exc}")
+            e.status = "rejected"
+            return
         except Exception as exc:  # fail closed: this class stays eager
             e.status, e.detail = "failed", f"{type(exc).__name__}: {exc}"
             LOGGER.warning(
@@ -165,16 +172,37 @@ class CaptureSteps:
     def _probe_and_capture(
         self, e: Entry, args: tuple, kwargs: dict, snap: CaptureSnapshot
     ) -> bool:
-        """Probe (effect classification), warm up, capture. False: rejected."""
+        """Probe (effect classification), warm up, capture. False: rejected.
+
+        The eager call just before the capture is recorded (host_program.py) and the
+        capture is checked against it: a host value that changed between them (a
+        position from a host offset, an attribute rebound to a new tensor each call, a
+        branch on a Python counter) is what the graph would freeze, so the callable is
+        refused (``stale_host_value``), named, on every backend. Declared counters,
+        RNG and regions are put back between the calls, so they never show here."""
         dev, b = self.device, self.backend
         t0 = time.perf_counter()
-        if self.like is not None and self.like.effect is not None and self.effect is not None:
+        staging = self.staging
+        if staging is not None:
+            # every eager call here makes the class's staged buffers (the last one's
+            # stay); the capture reads them (staging.py)
+            e.stage_uses = staging.new_uses()
+            eager_fn = staging.call(self.fn, e.stage_uses, making=True)
+            e.capture_fn = staging.call(self.fn, e.stage_uses, making=False)
+        else:
+            eager_fn = e.capture_fn = self.fn
+        if (
+            staging is None
+            and self.like is not None
+            and self.like.effect is not None
+            and self.effect is not None
+        ):
             # classified on another lane and this stream already warmed: capture only
             at_start(self.counters)
-            return self._capture_graph(e, t0)
+            return self._capture_graph(e, t0, None)
         at_start(self.counters)
         host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
-        b.run_eager(self.fn, args, kwargs, dev, 1)  # the probe
+        program = self._recorded(eager_fn, args, kwargs)  # the probe
         effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
         snap.restore(buffers=False)
         if effect is Effect.HOST_RNG:
@@ -192,20 +220,49 @@ class CaptureSteps:
         self.effect = effect
         if self.warmup > 1 and not self._warmed:
             at_start(self.counters)
-            b.run_eager(self.fn, args, kwargs, dev, self.warmup - 1)
+            if self.warmup > 2:
+                b.run_eager(eager_fn, args, kwargs, dev, self.warmup - 2)
+            # the last warm-up is the call the capture is checked against: the first
+            # call may build lazy state (caches, tables) that later calls only read
+            program = self._recorded(eager_fn, args, kwargs)
             snap.restore(buffers=False)
         self._warmed = True
         at_start(self.counters)
-        return self._capture_graph(e, t0)
+        if not self._capture_graph(e, t0, program):
+            e.status = "rejected"
+            return False
+        return True
 
-    def _capture_graph(self, e: Entry, t0: float) -> bool:
+    def _recorded(self, fn: Callable, args: tuple, kwargs: dict) -> list:
+        """One eager call with its host program recorded (host_program.py)."""
+        with host_program.HostProgram() as recorder:
+            self.backend.run_eager(fn, args, kwargs, self.device, 1)
+        return recorder.ops
+
+    def _capture_graph(self, e: Entry, t0: float, expected: list | None) -> bool:
+        """Capture ``e``, checked against the host program of the eager call before it
+        (``expected``; None: no eager call preceded it here). False: rejected."""
         dev, b = self.device, self.backend
         args, kwargs = e.inputs
         e.warmup_s = time.perf_counter() - t0
         a0, r0 = b.memory(dev)
         t1 = time.perf_counter()
-        e.captured = b.capture(self.fn, args, kwargs, dev, self.pool)
+        check = None
+        if expected is not None:
+            check = host_program.HostProgram(
+                expected, now="at capture", then="in the eager call before it"
+            )
+        with check if check is not None else contextlib.nullcontext():
+            e.captured = b.capture(e.capture_fn, args, kwargs, dev, self.pool)
         e.capture_s = time.perf_counter() - t1
+        if check is not None and check.finish() is None and check.difference is not None:
+            self._reject(
+                R.STALE_HOST_VALUE,
+                f"class {e.name}: a host value changed between the last eager call and the "
+                f"capture, so a graph would replay the capture's: {check.difference}",
+            )
+            e.captured = None
+            return False
         a1, r1 = b.memory(dev)
         if a0 is not None and a1 is not None:
             e.allocated_bytes = a1 - a0
@@ -215,6 +272,7 @@ class CaptureSteps:
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected = reason
+        self.rejected_detail = detail  # every call it sends eager says why
         LOGGER.warning(
             "%s: rejected for replay (%s): %s; every call runs eager", self.name, reason, detail
         )

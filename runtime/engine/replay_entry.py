@@ -36,6 +36,8 @@ class Entry:
     reserved_bytes: int | None = None
     detail: str = ""
     name: str = ""  # the class name, with its autocast state when several are declared
+    stage_uses: Any = None  # staging.StagedUses: staged counters' buffers and guards
+    capture_fn: Any = None  # what the capture runs: the callable, staged if declared
 
 
 # Misses kept with their detail per engine (binding.report() lists them); later ones

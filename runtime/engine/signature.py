@@ -52,6 +52,9 @@ NO_CUDA = "no_cuda"
 DISABLED = "disabled"
 GRAD_ENABLED = "grad_enabled"
 COUNTER_BEFORE_START = "counter_before_start"
+# a staged counter's value breaks what the class's capture decided with it (a shape
+# class it left, or a value a kernel baked): staging.py names the use
+STAGED_GUARD = "staged_guard"
 AMBIENT_STATE = "ambient_state"  # a torch setting differs from every capture (ambient.py)
 # a session's parameter value has no graphs on the lane its step ran on yet: the step
 # runs eager (exact) while the pool captures the value in the background (sessions.py)

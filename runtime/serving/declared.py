@@ -139,6 +139,7 @@ class Counter:
     site: tuple[Step, ...]
     advances: int
     start: int
+    staged: bool = False  # read live by graphs through device buffers (engine/staging.py)
 
     def __post_init__(self) -> None:
         _normalise(self, site=_steps(self.site))

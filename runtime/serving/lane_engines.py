@@ -74,6 +74,7 @@ class LaneEngines:
                     write=lambda value, site=c.site: set_at(b.model, site, value),
                     advances=c.advances,
                     start=c.start,
+                    staged=c.staged,
                 )
                 for c in k.counters
             ],

@@ -26,6 +26,9 @@ class HostCounter:
     write: Callable[[int], None]
     advances: int
     start: int
+    # staged: what the body derives from it reaches a graph through device buffers
+    # (engine/staging.py), so replays at any value read the live one
+    staged: bool = False
 
     def __post_init__(self) -> None:
         if self.advances < 1 or self.start < 0:
@@ -36,7 +39,9 @@ class HostCounter:
 
     def value(self) -> int:
         v = self.read()
-        if type(v) is not int:  # a bool or a tensor here would be a binding error
+        if not isinstance(v, int) or isinstance(
+            v, bool
+        ):  # a bool or a tensor here would be a binding error
             raise TypeError(f"counter {self.name} holds {type(v).__name__}, not int")
         return v
 
