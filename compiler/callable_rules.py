@@ -73,6 +73,8 @@ class CallableRules:
                     "attribute that advances by at least 1 per call",
                     counter.span,
                 )
+            if counter.tracks is not None:
+                self._check_tracks(k, counter)
         self._check_ambient(k)
         admit_names: set[str] = set()
         for cond in k.admit:
@@ -95,6 +97,26 @@ class CallableRules:
                 f"callable '{k.name}' draws host randomness; replay rejects it at capture, "
                 "so declare `mode eager`",
                 spans.get("effects", k.span),
+            )
+
+    def _check_tracks(self, k: ir.Callable, counter: ir.HostCounter) -> None:
+        """`tracks R`: R is a region argument of the callable with an attended extent
+        (its classes are keyed by R's extent, and the extent says where the stream is)."""
+        name, shown = counter.tracks, counter.site.dotted()
+        numbers = self.out.regions.get(name)
+        argued = any(isinstance(a.type, ir.RegionArg) and a.type.region == name for a in k.args)
+        why = None
+        if name not in {r.name for r in self.c.regions}:
+            why = "there is no such region"
+        elif not argued:
+            why = f"it is no region argument of '{k.name}' (its classes are not keyed by it)"
+        elif numbers is not None and not numbers.stride:
+            why = "it declares no `attended from ... by ...` (no extent says where the stream is)"
+        if why is not None:
+            self.err(
+                "CLK049",
+                f"counter '{shown}' of callable '{k.name}' cannot track '{name}': {why}",
+                counter.span,
             )
 
     def _check_ambient(self, k: ir.Callable) -> None:

@@ -20,6 +20,7 @@ from duplexcadence.compiler.lowered import (
     CatalogRow,
     Constant,
     Counter,
+    Tracks,
     DictNode,
     FieldValue,
     Fold,
@@ -170,6 +171,14 @@ def _layout_free(k: ir.Callable) -> tuple[tuple[str, str], ...]:
     )
 
 
+def _counter(n: ir.HostCounter, checked: Checked) -> Counter:
+    tracks = None
+    if n.tracks is not None:
+        r = checked.regions[n.tracks]
+        tracks = Tracks(n.tracks, r.start, r.stride, r.bound)
+    return Counter(n.site.dotted(), n.advances, n.start, n.staged, tracks)
+
+
 def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallable:
     regions = {r.name: r for r in checked.contract.regions}
     return LoweredCallable(
@@ -190,7 +199,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         ),
         # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
-        counters=tuple(Counter(n.site.dotted(), n.advances, n.start, n.staged) for n in k.counters),
+        counters=tuple(_counter(n, checked) for n in k.counters),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
         batch=(
             Batch(analysis.batch_widths, analysis.batch_axis, analysis.batch_rows)
@@ -383,6 +392,7 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
             ("Aliased", k.aliased),
             ("Retains", k.retains),
             ("Counter", k.counters),
+            ("Tracks", [n for n in k.counters if n.tracks is not None]),
         ):
             if present:
                 used.add(name)

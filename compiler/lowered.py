@@ -90,11 +90,23 @@ class Aliased:
 
 
 @dataclass(frozen=True)
+class Tracks:
+    """`tracks R`: R's attended extents, first to last by stride (runtime/state/counters.py
+    turns a class's extent into the counter's value there)."""
+
+    region: str
+    first: int
+    stride: int
+    last: int
+
+
+@dataclass(frozen=True)
 class Counter:
     site: str
     advances: int
     start: int
     staged: bool = False
+    tracks: Tracks | None = None
 
 
 @dataclass(frozen=True)

@@ -264,7 +264,7 @@ _CODES = [
         "CLK049",
         "error",
         "bad counter",
-        "A counter is a model attribute that advances by at least 1 per call.",
+        "A counter is a model attribute that advances by at least 1 per call; a counter that `tracks R` names a region argument of its callable with an attended extent (`attended from ... by ...`).",
     ),
     # ---- binding sites
     Code(

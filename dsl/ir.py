@@ -226,6 +226,9 @@ class HostCounter(Node):
     # `staged`: what the body derives from it reaches the graph through device buffers
     # (runtime/engine/staging.py), so replays read the live value, not the capture's
     staged: bool = False
+    # `tracks R`: the counter counts region R's clock, so the class of R's attended
+    # extent e is captured with the counter where the stream meets e first
+    tracks: str | None = None
 
 
 class Ambient(Node):

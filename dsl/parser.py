@@ -280,14 +280,23 @@ class _ToIR(Transformer):
         node = ir.Retains(region=str(c[0]), source=c[1], span=meta_span(meta))
         return _Prop("retains", node, meta_span(meta))
 
-    def prop_counter(self, meta, c, staged=False):
+    def prop_counter(self, meta, c):
+        flags = dict(c[3:])  # counter_flag*: ("staged", True), ("tracks", name)
         node = ir.HostCounter(
-            site=c[0], advances=int(c[1]), start=int(c[2]), staged=staged, span=meta_span(meta)
+            site=c[0],
+            advances=int(c[1]),
+            start=int(c[2]),
+            staged=flags.get("staged", False),
+            tracks=flags.get("tracks"),
+            span=meta_span(meta),
         )
         return _Prop("counters", node, meta_span(meta))
 
-    def prop_counter_staged(self, meta, c):
-        return self.prop_counter(meta, c, staged=True)
+    def counter_staged(self, meta, c):
+        return ("staged", True)
+
+    def counter_tracks(self, meta, c):
+        return ("tracks", str(c[0]))
 
     def ambient_value(self, meta, c):
         return str(c[0]) if c else "off"

@@ -118,8 +118,8 @@ def _callable(k: ir.Callable) -> list[str]:
         )
         out.append(f"  config {names} in {{{values}}}")
     for n in k.counters:
-        staged = " staged" if n.staged else ""
-        out.append(f"  counter {path(n.site)} advances {n.advances} from {n.start}{staged}")
+        flags = (" staged" if n.staged else "") + (f" tracks {n.tracks}" if n.tracks else "")
+        out.append(f"  counter {path(n.site)} advances {n.advances} from {n.start}{flags}")
     for a in k.ambient:
         out.append(f"  ambient {a.axis} in {{{', '.join(a.values)}}}")
     if k.admit:

@@ -36,7 +36,7 @@ from .engine.classes import (
     materialize,
     staging_bytes,
 )
-from .state.counters import HostCounter
+from .state.counters import HostCounter, Tracks
 from .controls import (
     ReplayMiss,
     replay_enabled,
@@ -173,6 +173,7 @@ __all__ += [
     "SessionRequired",
     "bind_contract",
     "HostCounter",
+    "Tracks",
     "pin_at",
     "Binding",
     "infer_device",

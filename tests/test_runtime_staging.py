@@ -181,3 +181,98 @@ def test_staged_positions_replay_exactly_on_cuda():
     eng, exact = stream(Positions, staged=True, calls=20, device="cuda")
     assert eng.backend.name == "cuda_graph"
     assert exact and eng.hits == 20 and not eng.misses
+
+
+# ------------------------------------------------- a sliding window, like transformers'
+WINDOW_CONTRACT = """
+contract window_demo
+clock chunk = 1 per call
+clock token = 2 per chunk
+region kv {{
+  dtype float32
+  dims [1, token, 4]
+  lifetime turn
+  retention window(5 token)
+  attended from 0 token by 2 token until 5 token
+  site cache["kv"]
+}}
+callable step {{
+  site step
+  per chunk
+  arg x: float32 [1, 2, 4]
+  arg kv: region kv
+  counter pos advances 2 from 0{flags}
+  retains kv from result[1]
+}}
+"""
+
+
+class SlidingWindow:
+    """A transformers-style sliding-window step: the kv carry grows 2 tokens a call up to
+    the window (5), its positions come from a host counter (``cumulative_length``) and
+    the window's first position is ``max(pos + n - kv_length, 0)`` — a plain 0 while the
+    window fills, the counter's value once it is full."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+        self.cache = {"kv": torch.zeros(1, 0, 4)}
+
+    def step(self, x, kv):
+        n = x.shape[1]
+        positions = torch.arange(self.pos, self.pos + n, dtype=x.dtype)
+        full = torch.cat([kv, x + positions[None, :, None]], dim=1)
+        first = max(self.pos + n - full.shape[1], 0)
+        kv_positions = torch.arange(full.shape[1])
+        kv_positions += first
+        y = (full * kv_positions[None, :, None].to(x.dtype)).sum(1, keepdim=True)
+        self.pos += n
+        return y, full
+
+    @torch.no_grad()
+    def push(self, x):
+        y, full = self.step(x, self.cache["kv"])
+        self.cache = {"kv": full[:, -5:]}  # the stock trim: the newest 5 tokens
+        return y
+
+
+def window_stream(flags: str, calls: int = 12):
+    result = compile_source(WINDOW_CONTRACT.format(flags=flags), "window_demo.clock")
+    assert result.ok, result.diagnostics
+    name, _ = import_package(result.files)
+    adapter = importlib.import_module(f"{name}.adapter")
+    model, ref = SlidingWindow(), SlidingWindow()
+    binding = adapter.bind(model, device="cpu", backend="simulate", progress=False)
+    same = []
+    for i in range(calls):
+        x = torch.randn(1, 2, 4, generator=torch.Generator().manual_seed(i))
+        same.append(torch.equal(model.push(x), ref.push(x)))
+    return binding.stats()["callables"]["step"], all(same)
+
+
+def test_a_tracking_counter_replays_the_window_past_full_at_every_position():
+    # each extent's class is captured where the stream meets it (pos 0, 2, 4, and 6 for
+    # the full window), so its host decisions are the stream's and its offsets staged
+    step, exact = window_stream(" staged tracks kv")
+    assert exact and step["hits"] == 12 and step["misses"] == {}, step
+
+
+def test_without_tracks_the_full_window_class_is_captured_at_the_wrong_position():
+    # the control: every class captured at pos 0, where no class but the first is met,
+    # so the guards its host decisions left send those calls eager (exact, counted)
+    step, exact = window_stream(" staged")
+    assert exact and step["hits"] == 1 and step["misses"] == {"staged_guard": 11}, step
+    assert step["miss_details"]["staged_guard"] == (
+        "class kv=2: pos - 2 < 0 was True (a comparison (<))"
+    )
+
+
+def test_tracks_turns_an_extent_into_the_calls_that_reach_it():
+    from duplexcadence.runtime import Tracks
+
+    t = Tracks("kv", first=0, stride=2, last=5)
+    assert [t.calls_to(e) for e in (0, 2, 4, 5)] == [0, 1, 2, 3]  # 5: the first past 4
+    assert Tracks("kv", first=302, stride=50, last=402).calls_to(402) == 2
+    with pytest.raises(ValueError, match="off its progression"):
+        t.calls_to(3)
+    c = HostCounter("pos", read=lambda: 0, write=lambda v: None, advances=2, start=1, tracks=t)
+    assert c.at_class({"kv": 5}) == 1 + 3 * 2 and c.at_class({}) == 1

@@ -81,6 +81,24 @@ class CaptureClass:
     args: tuple = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def extents(self) -> dict[str, int]:
+        """The attended extent of each region this class takes as an argument."""
+        out: dict[str, int] = {}
+
+        def visit(x: Any) -> None:
+            if isinstance(x, RegionView) and x.extent is not None:
+                out[x.region] = x.extent
+            elif type(x) in (tuple, list):
+                for i in x:
+                    visit(i)
+            elif isinstance(x, Mapping):
+                for v in x.values():
+                    visit(v)
+
+        visit((self.args, self.kwargs))
+        return out
+
 
 @dataclass(frozen=True, init=False)
 class OneOf:

@@ -198,9 +198,9 @@ class CaptureSteps:
             and self.effect is not None
         ):
             # classified on another lane and this stream already warmed: capture only
-            at_start(self.counters)
+            at_start(self.counters, e.cls.extents)
             return self._capture_graph(e, t0, None)
-        at_start(self.counters)
+        at_start(self.counters, e.cls.extents)
         host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
         program = self._recorded(eager_fn, args, kwargs)  # the probe
         effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
@@ -219,7 +219,7 @@ class CaptureSteps:
             return False
         self.effect = effect
         if self.warmup > 1 and not self._warmed:
-            at_start(self.counters)
+            at_start(self.counters, e.cls.extents)
             if self.warmup > 2:
                 b.run_eager(eager_fn, args, kwargs, dev, self.warmup - 2)
             # the last warm-up is the call the capture is checked against: the first
@@ -227,7 +227,7 @@ class CaptureSteps:
             program = self._recorded(eager_fn, args, kwargs)
             snap.restore(buffers=False)
         self._warmed = True
-        at_start(self.counters)
+        at_start(self.counters, e.cls.extents)
         if not self._capture_graph(e, t0, program):
             e.status = "rejected"
             return False

@@ -40,6 +40,7 @@ from ..engine.ambient import AUTOCAST_OFF, Autocast
 from ..engine.classes import CaptureClass, RegionView, TensorSpec
 from ..engine.effects import Effect
 from .params import ParamDecl
+from ..state.counters import Tracks
 from ..state.regions import RegionSpec
 from ..state.retention import Retention
 from ..state.sites import Step, parse_path
@@ -140,6 +141,7 @@ class Counter:
     advances: int
     start: int
     staged: bool = False  # read live by graphs through device buffers (engine/staging.py)
+    tracks: Tracks | None = None  # captured where the stream meets a region's extent
 
     def __post_init__(self) -> None:
         _normalise(self, site=_steps(self.site))

@@ -75,6 +75,7 @@ class LaneEngines:
                     advances=c.advances,
                     start=c.start,
                     staged=c.staged,
+                    tracks=c.tracks,
                 )
                 for c in k.counters
             ],

@@ -16,7 +16,34 @@ counter and the engine does the body's host work itself:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class Tracks:
+    """``tracks R``: the counter counts region R's clock, and R's attended extents run
+    ``first, first + stride, ...`` up to ``last`` (where they stay). The class of R's
+    extent ``e`` is what the stream meets on its k-th call, k = (e - first) / stride
+    (the first k past the window for ``last``), so it is captured with the counter at
+    ``start + k * advances``: the value live traffic brings to that class first, which
+    is what the body's host decisions (a cache full yet?) must see."""
+
+    region: str
+    first: int
+    stride: int
+    last: int
+
+    def __post_init__(self) -> None:
+        if self.stride < 1 or not 0 <= self.first <= self.last:
+            raise ValueError(f"tracks {self.region}: bad extents {self}")
+
+    def calls_to(self, extent: int) -> int:
+        """How many calls the stream makes before it meets ``extent``."""
+        if extent >= self.last:
+            return -(-(self.last - self.first) // self.stride)
+        if extent < self.first or (extent - self.first) % self.stride:
+            raise ValueError(f"tracks {self.region}: extent {extent} is off its progression")
+        return (extent - self.first) // self.stride
 
 
 @dataclass(frozen=True)
@@ -29,6 +56,15 @@ class HostCounter:
     # staged: what the body derives from it reaches a graph through device buffers
     # (engine/staging.py), so replays at any value read the live one
     staged: bool = False
+    tracks: Tracks | None = None  # the region whose extent says where the stream is
+
+    def at_class(self, extents: Mapping[str, int]) -> int:
+        """The value a class with these region extents is captured at: ``start``, or
+        where the stream meets the tracked region's extent (``Tracks``)."""
+        t = self.tracks
+        if t is None or extents.get(t.region) is None:
+            return self.start
+        return self.start + t.calls_to(extents[t.region]) * self.advances
 
     def __post_init__(self) -> None:
         if self.advances < 1 or self.start < 0:
@@ -49,10 +85,11 @@ class HostCounter:
         return self.value() >= self.start
 
 
-def at_start(counters: Sequence[HostCounter]) -> None:
-    """Every counter at its ``start``: warm-up and capture take the branch the graph is for."""
+def at_start(counters: Sequence[HostCounter], extents: Mapping[str, int] = {}) -> None:
+    """Every counter where a class with these region extents is met (``start`` unless it
+    tracks one of them): warm-up and capture take the branch the graph is for."""
     for counter in counters:
-        counter.write(counter.start)
+        counter.write(counter.at_class(extents))
 
 
 def replay_advancing(counters: Sequence[HostCounter], replay: Callable[[], None]) -> None:
