@@ -14,7 +14,7 @@ its layer guarantees, imports going one way only (tests/test_runtime_layers.py):
   engine/   one callable, one graph per exact signature: replay (+ replay_capture,
             replay_telemetry, replay_entry), signature, classes, backend (the only
             CUDA-graph code), host_program, hoist, effects, ambient, determinism,
-            capture_state, outputs, calls, per_row
+            capture_state, outputs, calls, per_row, staging, staged_int
   serving/  a contract bound to a model: declared, binder, binding (+ binding_report,
             capture_section), lane (+ lane_engines, lane_values), params, sessions
             (the pool) and session, session_state, lane_scheduler, eager_lock,

@@ -285,7 +285,7 @@ def test_check_time_is_linear_in_contract_size():
 
 # ------------------------------------------- a staged argument as long as a region extent
 STAGED_BY_EXTENT = """
-contract staged
+contract staged_args
 clock chunk = 1 per call
 clock frame = 2 per chunk
 region carry {{

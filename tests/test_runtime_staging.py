@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from duplexcadence.compiler.driver import compile_source
 from duplexcadence.runtime import CaptureClass, ExactShapeReplay, FakeGraphBackend, TensorSpec
-from duplexcadence.runtime.engine.staging import Affine, StagedInt, StagedUses, _StagedCall
+from duplexcadence.runtime.engine.staged_int import Affine, StagedInt
+from duplexcadence.runtime.engine.staging import StagedUses, _StagedCall
 from duplexcadence.runtime.state.counters import HostCounter
 from fuzzing import import_package
 

@@ -7,9 +7,9 @@ A CUDA graph freezes those ints as kernel arguments, so a whole-step graph repla
 positions of its capture call. A counter declared ``staged`` is rewritten, while the
 engine warms up and captures, so that what it feeds reaches the graph through memory:
 
-* The counter's site holds a ``StagedInt`` during the call: an int that remembers it is
-  ``a * c + b`` of counter ``c``. Arithmetic with plain ints keeps the affine form (so
-  ``past + n - past`` is a plain ``n`` again and shapes stay ints).
+* The counter's site holds a ``StagedInt`` during the call (staged_int.py): an int that
+  remembers it is ``a * c + b`` of counter ``c``. Arithmetic with plain ints keeps the
+  affine form (so ``past + n - past`` is a plain ``n`` again and shapes stay ints).
 * A ``TorchFunctionMode`` sees every torch call that receives one. Two forms are
   rewritten, each bit for bit what the stock call computes: ``torch.arange(s, s + n)``
   becomes ``torch.arange(0, n) + buf`` and ``t + s`` / ``t += s`` / ``t - s`` becomes the
@@ -30,7 +30,6 @@ Model-agnostic: it knows torch's ``arange`` and ``add``/``sub``, never a model.
 
 from __future__ import annotations
 
-import operator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -40,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .host_program import model_line as _where
+from .staged_int import Affine, Guard, StagedInt
 
 # dtypes where ``arange(0, n) + s`` and ``t + buf`` give the stock call's bits
 _EXACT = frozenset({torch.int64, torch.int32, torch.float32, torch.float64})
@@ -56,14 +56,6 @@ _ADD = {
     torch.Tensor.__isub__: (torch.Tensor.sub_, True),
     torch.Tensor.sub_: (torch.Tensor.sub_, True),
 }
-_COMPARE = {
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
 
 
 class StagingError(RuntimeError):
@@ -73,42 +65,6 @@ class StagingError(RuntimeError):
 class UnstagedUse(RuntimeError):
     """A declared counter that is not ``staged`` feeds a tensor: a graph would freeze
     its value (the message names the counter, the use and the model's line)."""
-
-
-@dataclass(frozen=True)
-class Affine:
-    """``a * counters[c] + b``."""
-
-    c: int
-    a: int
-    b: int
-
-    def at(self, values: Sequence[int]) -> int:
-        return self.a * values[self.c] + self.b
-
-    def show(self, names: Sequence[str]) -> str:
-        term = names[self.c] if self.a == 1 else f"{self.a} * {names[self.c]}"
-        return term if self.b == 0 else f"{term} {'+' if self.b > 0 else '-'} {abs(self.b)}"
-
-
-@dataclass(frozen=True)
-class Guard:
-    """What a staged value decided while the buffers were made: ``left op right`` was
-    ``outcome`` (``right`` a plain int or another staged value)."""
-
-    left: Affine
-    op: str
-    right: Affine | int
-    outcome: bool
-    where: str
-
-    def holds(self, values: Sequence[int]) -> bool:
-        right = self.right.at(values) if isinstance(self.right, Affine) else self.right
-        return _COMPARE[self.op](self.left.at(values), right) == self.outcome
-
-    def show(self, names: Sequence[str]) -> str:
-        right = self.right.show(names) if isinstance(self.right, Affine) else self.right
-        return f"{self.left.show(names)} {self.op} {right} was {self.outcome} ({self.where})"
 
 
 @dataclass
@@ -139,122 +95,6 @@ class StagedUses:
         """Write every use's live value into its buffer (before a replay)."""
         for u in self.uses:
             u.buf.fill_(u.value.at(values))
-
-
-class StagedInt(int):
-    """A counter's value inside a staged call (module docstring)."""
-
-    def __new__(cls, value: int, form: Affine, call: "_StagedCall") -> "StagedInt":
-        obj = super().__new__(cls, value)
-        obj.form, obj.call = form, call
-        return obj
-
-    def _make(self, a: int, b: int) -> int:
-        if a == 0:
-            return b  # the counter cancelled out: a plain int (a length, say)
-        return StagedInt(
-            a * self.call.values[self.form.c] + b, Affine(self.form.c, a, b), self.call
-        )
-
-    def _affine(self, other: Any) -> Affine | None:
-        if type(other) is int or type(other) is bool:
-            return Affine(self.form.c, 0, other)
-        if isinstance(other, StagedInt) and other.form.c == self.form.c:
-            return other.form
-        return None
-
-    def _plain(self, what: str) -> int:
-        self.call.guard(self, "==", int(self), what)
-        return int(self)
-
-    def __add__(self, other: Any) -> Any:
-        if isinstance(other, torch.Tensor):
-            return NotImplemented  # the tensor's own operator: the mode rewrites it
-        o = self._affine(other)
-        if o is None:
-            return self._plain("+") + other
-        return self._make(self.form.a + o.a, self.form.b + o.b)
-
-    __radd__ = __add__
-
-    def __sub__(self, other: Any) -> Any:
-        if isinstance(other, torch.Tensor):
-            return NotImplemented
-        o = self._affine(other)
-        if o is None:
-            return self._plain("-") - other
-        return self._make(self.form.a - o.a, self.form.b - o.b)
-
-    def __rsub__(self, other: Any) -> Any:
-        if isinstance(other, torch.Tensor):
-            return NotImplemented
-        o = self._affine(other)
-        if o is None:
-            return other - self._plain("-")
-        return self._make(o.a - self.form.a, o.b - self.form.b)
-
-    def __mul__(self, other: Any) -> Any:
-        if isinstance(other, torch.Tensor):
-            return NotImplemented
-        if type(other) is int:
-            return self._make(self.form.a * other, self.form.b * other)
-        return self._plain("*") * other
-
-    __rmul__ = __mul__
-
-    def __neg__(self) -> Any:
-        return self._make(-self.form.a, -self.form.b)
-
-    def _compare(self, op: str, other: Any) -> Any:
-        if not isinstance(other, (int, float)):
-            return NotImplemented  # a tensor's own comparison: the mode guards it
-        outcome = _COMPARE[op](int(self), int(other) if isinstance(other, int) else other)
-        self.call.guard(self, op, other, f"a comparison ({op})", outcome)
-        return outcome
-
-    def __lt__(self, other: Any) -> bool:
-        return self._compare("<", other)
-
-    def __le__(self, other: Any) -> bool:
-        return self._compare("<=", other)
-
-    def __gt__(self, other: Any) -> bool:
-        return self._compare(">", other)
-
-    def __ge__(self, other: Any) -> bool:
-        return self._compare(">=", other)
-
-    def __eq__(self, other: Any) -> bool:
-        return self._compare("==", other)
-
-    def __ne__(self, other: Any) -> bool:
-        return self._compare("!=", other)
-
-    __hash__ = int.__hash__
-
-    def __bool__(self) -> bool:
-        return self._compare("!=", 0)
-
-    def __index__(self) -> int:  # a slice bound, a range, a size: baked
-        return self._plain("an index")
-
-    def __int__(self) -> int:
-        return int.__int__(self)
-
-    def __float__(self) -> float:
-        return float(self._plain("a float"))
-
-    def __floordiv__(self, other: Any) -> Any:
-        return self._plain("//") // other
-
-    def __mod__(self, other: Any) -> Any:
-        return self._plain("%") % other
-
-    def __truediv__(self, other: Any) -> Any:
-        return self._plain("/") / other
-
-    def __pow__(self, other: Any) -> Any:
-        return self._plain("**") ** other
 
 
 class _StagedCall(TorchFunctionMode):
