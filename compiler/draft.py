@@ -232,6 +232,19 @@ def _callable(
         "(`arg` lines are positional, in order; `kwarg` by name). Configurations: exactly the",
         "layouts and values the trace saw (a final or short chunk it did not reach runs eager).",
     ] + notes
+    counters = tuple(
+        ir.HostCounter(site=_path(c.site), advances=c.advances, start=c.start, staged=True)
+        for c in k.counters
+    )
+    for c in counters:
+        comments[f"callable {cname}"] += textwrap.wrap(
+            f"counter {c.site.dotted()}: a host int every call advanced by {c.advances}. "
+            "Drafted `staged`: what the call derives from it reaches the graphs through "
+            "device buffers, and what it decides is checked on every replay. `from` is its "
+            "value at the first recorded call; raise it past a first call that takes another "
+            "branch. If it counts a region's clock (a cache's length), add `tracks REGION`.",
+            86,
+        )
     if unkeyed:
         why = (
             "mode eager: replay keys every argument the call is passed, and "
@@ -249,6 +262,7 @@ def _callable(
         aliased=tuple(aliased),
         writes=writes,
         retains=tuple(retains),
+        counters=counters,
         configs=configs,
         ambient=ambient,
         effects="device_rng" if k.randomness else "none",

@@ -179,3 +179,57 @@ def test_results_that_a_later_call_rewrites_in_place_are_recorded_as_returned():
         ("kv1", 3, ("window", (16,)), "append"),
     ]
     assert trace.carries[0].extents == [0, 4, 8, 12, 16, 16]
+
+
+class CountingStreamer(TinyStreamer):
+    """The tiny model with rotary-style positions from a host int it advances per call
+    (a transformers cache's ``cumulative_length``), and a Python int it only reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = 0
+        self.heads = H  # an int the call reads and never moves: not a counter
+
+    def step(self, x, ctx, kv0, kv1):
+        n = x.shape[2]
+        x = x + torch.arange(self.tokens, self.tokens + n, dtype=x.dtype) / 1000
+        self.tokens += n
+        return super().step(x, ctx, kv0, kv1)
+
+
+def _counting_stream() -> StreamSpec:
+    def build_counting() -> CountingStreamer:
+        torch.manual_seed(0)
+        return CountingStreamer().eval()
+
+    return StreamSpec(build=build_counting, drive=drive)
+
+
+def test_a_host_int_every_call_advances_is_drafted_as_a_staged_counter():
+    trace = trace_stream(_counting_stream(), 4)
+    (step,) = trace.callables
+    assert [(c.site, c.advances, c.start) for c in step.counters] == [((("attr", "tokens"),), F, 0)]
+    text = render_draft(trace, source="test:counting")
+    assert f"  counter tokens advances {F} from 0 staged\n" in text
+    assert "a host int every call advanced by" in text
+    assert check_source(text, "draft.clock").ok
+
+
+def test_the_drafted_counter_binds_and_replays_the_positions_exactly(tmp_path):
+    # draft -> compile -> bind: the positions follow the live counter on every replay
+    spec = _counting_stream()
+    out = tmp_path / "counting.clock"
+    out.write_text(render_draft(trace_stream(spec, 6), source="test:counting"))
+    result = read_and_compile(out, emit=True, output=tmp_path / "gen")
+    assert result.ok, result.diagnostics
+    _, adapter = import_package(result.files)
+    expected = list(drive(spec.build(), 20))
+    model = spec.build()
+    binding = adapter.bind(model, device="cpu", backend=FakeGraphBackend(), progress=False)
+    binding.capture(progress=False)
+    got = list(drive(model, 20))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    step = binding.stats()["callables"]["step"]
+    assert step["hits"] == 20 and step["misses"] == {}, step
+    assert model.tokens == 20 * F
+    binding.unbind()

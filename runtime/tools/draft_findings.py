@@ -90,6 +90,15 @@ class BufferFinding:
 
 
 @dataclass
+class CounterFinding:
+    """A host int attribute every call of a callable advances by the same amount."""
+
+    site: tuple[Step, ...]
+    advances: int
+    start: int  # its value when the first recorded call began
+
+
+@dataclass
 class CallableFinding:
     name: str
     site: tuple[Step, ...]
@@ -101,6 +110,7 @@ class CallableFinding:
     # arguments the call passes that a contract cannot key (why, each): replay keys every
     # argument, so with one of these the call would miss on every call
     unkeyed: list[str] = field(default_factory=list)
+    counters: list[CounterFinding] = field(default_factory=list)
 
 
 @dataclass
@@ -126,6 +136,8 @@ class RecordedCall:
     result: Any = None
     wrote: set = field(default_factory=set)  # paths of model tensors written in place
     autocast: str = "off"
+    ints: dict = field(default_factory=dict)  # path -> host int attribute at entry
+    advanced: dict = field(default_factory=dict)  # path -> how far the call moved it
 
 
 def _leaves(
@@ -192,6 +204,20 @@ def _trim_heads(kept: torch.Tensor, history: torch.Tensor, axis: int) -> set[int
     return heads or None
 
 
+def _counters(record: list[RecordedCall]) -> tuple[list[CounterFinding], dict]:
+    """(the host ints every call advanced by one positive amount, as counters; the other
+    ints some call moved -> the amounts they moved by)."""
+    paths = dict.fromkeys(p for c in record for p in c.advanced)
+    counters, moved = [], {}
+    for p in paths:
+        deltas = [c.advanced.get(p, 0) for c in record]
+        if deltas[0] > 0 and len(set(deltas)) == 1 and p in record[0].ints:
+            counters.append(CounterFinding(p, deltas[0], record[0].ints[p]))
+        else:
+            moved[p] = deltas
+    return counters, moved
+
+
 def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
     """The trace of a recording run: per hot site (`sites`, named by `names`), its
     recorded `calls` and parameter names; `random`: the callables that drew randomness."""
@@ -218,6 +244,12 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
         if len(set(counts)) != 1:
             notes.append(
                 f"{name} is called {sorted(set(counts))} times per chunk: drafted at {counts[0]}"
+            )
+        finding.counters, moved = _counters(record)
+        for path, deltas in moved.items():
+            notes.append(
+                f"{name}: host int {format_path(path)} moved by {sorted(set(deltas))} per call: "
+                "not a counter (a graph would freeze it; declare what it decides)"
             )
         leaves = [dict(arg_leaves(c, params[name])) for c in record]
         keys = list(leaves[0])

@@ -71,9 +71,10 @@ def _children(obj: Any) -> Iterator[tuple[Step, Any]]:
 
 
 def _walk(
-    model: Any,
+    model: Any, ints: dict[tuple[Step, ...], int] | None = None
 ) -> tuple[dict[int, tuple[Step, ...]], list[tuple[tuple[Step, ...], torch.Tensor]]]:
-    """(objects of the tree by id -> path, tensors of the tree with their paths)."""
+    """(objects of the tree by id -> path, tensors of the tree with their paths); the
+    host ints held as attributes (not bools) go into ``ints`` by path when given."""
     objects: dict[int, tuple[Step, ...]] = {}
     tensors: list[tuple[tuple[Step, ...], torch.Tensor]] = []
     stack: list[tuple[tuple[Step, ...], Any]] = [((), model)]
@@ -82,6 +83,15 @@ def _walk(
         if isinstance(obj, torch.Tensor):
             if not isinstance(obj, torch.nn.Parameter):
                 tensors.append((path, obj))
+            continue
+        if (
+            ints is not None
+            and type(obj) is int
+            and path
+            and path[-1][0] == "attr"
+            and path not in ints
+        ):
+            ints[path] = obj
             continue
         if id(obj) in objects or len(path) > _MAX_DEPTH:
             continue
@@ -260,7 +270,7 @@ def _recording(model, name, stock, params, record, chunk, recorder, device, resu
         entry = RecordedCall(
             chunk[0], args, kwargs, {}, autocast=_autocast_state(torch.device(device).type)
         )
-        _, before = _walk(model)
+        _, before = _walk(model, entry.ints)
         results.before_call(before, args, kwargs)
         paths = {id(t): p for p, t in before}
         for key, leaf in arg_leaves(entry, params):
@@ -274,7 +284,12 @@ def _recording(model, name, stock, params, record, chunk, recorder, device, resu
             results.keep(entry, result)
         finally:
             recorder.active = None
-        _, after = _walk(model)
+        ints_after: dict = {}
+        _, after = _walk(model, ints_after)
+        # host ints the call moved (a step count, a cache's cumulative_length)
+        entry.advanced = {
+            p: ints_after[p] - v for p, v in entry.ints.items() if ints_after.get(p, v) != v
+        }
         for p, t in after:
             seen = versions.get(id(t))
             if seen is not None and seen[1] is not None and _version(t) != seen[1]:
