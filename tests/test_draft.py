@@ -233,3 +233,26 @@ def test_the_drafted_counter_binds_and_replays_the_positions_exactly(tmp_path):
     assert step["hits"] == 20 and step["misses"] == {}, step
     assert model.tokens == 20 * F
     binding.unbind()
+
+
+class ConstantStreamer(TinyStreamer):
+    """The tiny model whose first output is zero on every call (as Mimi's codes are with
+    random weights that leave its codebooks at zero)."""
+
+    def step(self, x, ctx, kv0, kv1):
+        h, ctx, kv0, kv1 = super().step(x, ctx, kv0, kv1)
+        return h * 0, ctx, kv0, kv1
+
+
+def test_a_result_that_never_changes_is_noted():
+    def build_constant() -> ConstantStreamer:
+        torch.manual_seed(0)
+        return ConstantStreamer().eval()
+
+    trace = trace_stream(StreamSpec(build=build_constant, drive=drive), 4)
+    assert [n for n in trace.notes if "was the same on all" in n] == [
+        "step: result[0] was the same on all 4 calls; a stream whose outputs never change "
+        "proves nothing bit for bit (random weights can leave a codebook or a gate at zero: "
+        "fill it with small random values)"
+    ]
+    assert not [n for n in trace_stream(stream(), 4).notes if "was the same" in n]

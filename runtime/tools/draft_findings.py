@@ -21,7 +21,9 @@ knows no model; it only compares what was recorded.
 
 What a recording cannot show is returned as ``notes`` (the draft prints them):
 retention never exercised within the chunks run, arguments not passed on every call,
-a carry kept at no single model path, calls per chunk that vary.
+a carry kept at no single model path, calls per chunk that vary, host ints that move
+by varying amounts; and what makes a trace prove little: a result the same on every
+call (random weights that leave a codebook at zero).
 """
 
 from __future__ import annotations
@@ -283,6 +285,13 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
                 finding.unkeyed.append(f"argument {_shown(key)} is a {kind}")
                 continue
             finding.args.append(arg)
+        for steps in _constant_results(record):
+            notes.append(
+                f"{name}: result{format_path(steps)} was the same on all {len(record)} calls; "
+                "a stream whose outputs never change proves nothing bit for bit (random "
+                "weights can leave a codebook or a gate at zero: fill it with small random "
+                "values)"
+            )
         for c in record:
             for p in c.wrote:
                 b = buffers.get(p)
@@ -306,6 +315,24 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
             for _, v in arg_leaves(c, [])
         )
     return Trace(type(model).__name__, chunks, callables, carries, list(buffers.values()), notes)
+
+
+def _constant_results(record: list[RecordedCall]) -> list[tuple[Step, ...]]:
+    """The result leaves equal on every recorded call (three calls or more)."""
+    if len(record) < 3:
+        return []
+    first = dict(_leaves(record[0].result))
+    same = {s for s, v in first.items() if isinstance(v, torch.Tensor) and v.numel()}
+    for c in record[1:]:
+        now = dict(_leaves(c.result))
+        same = {
+            s
+            for s in same
+            if isinstance(now.get(s), torch.Tensor)
+            and now[s].shape == first[s].shape
+            and torch.equal(now[s], first[s])
+        }
+    return sorted(same, key=str)
 
 
 def _shown(key: tuple) -> str:
