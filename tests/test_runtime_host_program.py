@@ -184,3 +184,29 @@ def test_verify_never_accepts_a_stale_host_value():
     assert "a graph would replay a stale host value" in v.describe() and why in v.describe()
     replay["misses"] = {}
     assert v.ok  # the same run without it verifies
+
+
+def test_capture_leaves_undeclared_host_state_as_it_found_it():
+    # the probe, warm-up and capture calls run the body three times: an offset it advances
+    # (not declared) must not start the caller's stream three calls late
+    import importlib
+
+    from duplexcadence.compiler.driver import compile_source
+    from fuzzing import import_package
+
+    contract = (
+        "contract positions\nclock frame = 1 per call\n"
+        "callable step {\n  site step\n  per frame\n  arg x: float32 [3, 4]\n}\n"
+    )
+    result = compile_source(contract, "positions.clock")
+    assert result.ok, result.diagnostics
+    name, _ = import_package(result.files)
+    adapter = importlib.import_module(f"{name}.adapter")
+    model, ref = Positions(), Positions()
+    binding = adapter.bind(model, device="cpu", backend="simulate", progress=False)
+    assert model.offset == 0  # put back after capture (it was 9)
+    step = binding.stats()["callables"]["step"]
+    assert step["rejected"] == "stale_host_value"  # and never replayed
+    with torch.no_grad():
+        for i in range(4):
+            assert torch.equal(model.step(x_of(i)), ref.step(x_of(i))), i

@@ -2,9 +2,12 @@
 
 ``Binding.capturing`` (binding.py) opens one: the eager lock (a background capture
 holds it one class at a time, ``pause()`` between two), the lane's generator as the
-device default and the lane's regions at the model's sites, and the lane's region
-contents saved once for every engine captured inside (capture_state.py); all of it
-put back on exit.
+device default and the lane's regions at the model's sites, the lane's region
+contents saved once for every engine captured inside (capture_state.py) and the
+model's host scalars (state/object_tree.py: an offset the body advances, a flag it
+sets, which the probe, warm-up and capture calls would leave moved by three calls); all
+of it put back on exit, and the scalars at every pause too, so the eager steps that run
+between two classes see the model as their own calls left it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 from ..engine.backend import drawing_from
 from ..engine.capture_state import RegionContents
+from ..state.object_tree import HostScalars
 from ..state.sites import get_at, set_at
 
 if TYPE_CHECKING:
@@ -32,6 +36,8 @@ class CaptureSection:
         self.binding, self.lane = binding, lane
         self.keep_contents = keep_contents
         self._contents: RegionContents | None = None
+        self._scalars: HostScalars | None = None
+        self.scalars_put_back = 0
         self.pauses = 0
         self._stack: ExitStack | None = None
         self._swapped: list[tuple[Any, Any]] = []
@@ -55,6 +61,7 @@ class CaptureSection:
 
     def exit(self) -> None:
         try:
+            self._restore_scalars()
             if self._contents is not None:
                 self._contents.restore()
         finally:
@@ -70,12 +77,17 @@ class CaptureSection:
         lock = self.binding.eager_lock
         if not self._outermost or not lock.waiting():
             return
+        self._restore_scalars()
         self._give_model()
         try:
             lock.hand_over()
         finally:
             self._take_model()
         self.pauses += 1
+
+    def _restore_scalars(self) -> None:
+        if self._scalars is not None:
+            self.scalars_put_back += self._scalars.restore()
 
     def _take_model(self) -> None:
         """The lane's generator as the device default, its regions at the sites."""
@@ -86,6 +98,7 @@ class CaptureSection:
             torch.cuda.synchronize(b.device)
         self._swapped = []
         self._kept = dict(b._site_tensors)
+        self._scalars = HostScalars(b.model)
         if not lane.owns_sites:
             for r in b.decl.regions.values():
                 if r.site is not None and r.install == "allocate":

@@ -33,7 +33,6 @@ from typing import Any, Callable
 
 import torch
 
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..engine.per_row import PerRow, weight_storages
 from .op_trace import DATA_OUTPUTS, UNINITIALISED_OPS, OpTrace, fingerprint

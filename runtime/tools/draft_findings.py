@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import torch
 
 from ..state.sites import Step, format_path, get_at
+from .draft_host import CounterFinding, constant_results, counters
 
 
 @dataclass(frozen=True)
@@ -89,15 +90,6 @@ class BufferFinding:
     shape: tuple[int, ...]
     read_back: bool  # a later call's argument views it: state kept in place
     writers: set[str] = field(default_factory=set)
-
-
-@dataclass
-class CounterFinding:
-    """A host int attribute every call of a callable advances by the same amount."""
-
-    site: tuple[Step, ...]
-    advances: int
-    start: int  # its value when the first recorded call began
 
 
 @dataclass
@@ -206,20 +198,6 @@ def _trim_heads(kept: torch.Tensor, history: torch.Tensor, axis: int) -> set[int
     return heads or None
 
 
-def _counters(record: list[RecordedCall]) -> tuple[list[CounterFinding], dict]:
-    """(the host ints every call advanced by one positive amount, as counters; the other
-    ints some call moved -> the amounts they moved by)."""
-    paths = dict.fromkeys(p for c in record for p in c.advanced)
-    counters, moved = [], {}
-    for p in paths:
-        deltas = [c.advanced.get(p, 0) for c in record]
-        if deltas[0] > 0 and len(set(deltas)) == 1 and p in record[0].ints:
-            counters.append(CounterFinding(p, deltas[0], record[0].ints[p]))
-        else:
-            moved[p] = deltas
-    return counters, moved
-
-
 def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
     """The trace of a recording run: per hot site (`sites`, named by `names`), its
     recorded `calls` and parameter names; `random`: the callables that drew randomness."""
@@ -247,7 +225,7 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
             notes.append(
                 f"{name} is called {sorted(set(counts))} times per chunk: drafted at {counts[0]}"
             )
-        finding.counters, moved = _counters(record)
+        finding.counters, moved = counters(record)
         for path, deltas in moved.items():
             notes.append(
                 f"{name}: host int {format_path(path)} moved by {sorted(set(deltas))} per call: "
@@ -285,7 +263,7 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
                 finding.unkeyed.append(f"argument {_shown(key)} is a {kind}")
                 continue
             finding.args.append(arg)
-        for steps in _constant_results(record):
+        for steps in constant_results([dict(_leaves(c.result)) for c in record]):
             notes.append(
                 f"{name}: result{format_path(steps)} was the same on all {len(record)} calls; "
                 "a stream whose outputs never change proves nothing bit for bit (random "
@@ -315,24 +293,6 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
             for _, v in arg_leaves(c, [])
         )
     return Trace(type(model).__name__, chunks, callables, carries, list(buffers.values()), notes)
-
-
-def _constant_results(record: list[RecordedCall]) -> list[tuple[Step, ...]]:
-    """The result leaves equal on every recorded call (three calls or more)."""
-    if len(record) < 3:
-        return []
-    first = dict(_leaves(record[0].result))
-    same = {s for s, v in first.items() if isinstance(v, torch.Tensor) and v.numel()}
-    for c in record[1:]:
-        now = dict(_leaves(c.result))
-        same = {
-            s
-            for s in same
-            if isinstance(now.get(s), torch.Tensor)
-            and now[s].shape == first[s].shape
-            and torch.equal(now[s], first[s])
-        }
-    return sorted(same, key=str)
 
 
 def _shown(key: tuple) -> str:

@@ -29,12 +29,13 @@ from __future__ import annotations
 import gc
 import inspect
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .draft_findings import RecordedCall, Trace, arg_leaves, infer_findings
+from ..state.object_tree import walk as _walk
 from ..state.sites import Step, get_at, set_at
 from ..state.trees import map_tensors
 from .streams import StreamSpec
@@ -42,66 +43,6 @@ from .streams import StreamSpec
 # aten ops that draw from a generator (by name: every variant of these families does)
 _RANDOM_OPS = ("rand", "normal", "bernoulli", "uniform", "multinomial", "exponential", "poisson")
 _CALL_WRAPPERS = ("_wrapped_call_impl", "_call_impl", "__call__")
-_MAX_DEPTH = 12
-
-
-# --------------------------------------------------------------------- the tree
-def _children(obj: Any) -> Iterator[tuple[Step, Any]]:
-    if isinstance(obj, torch.nn.Module):
-        for table in ("_parameters", "_buffers", "_modules"):
-            for k, v in obj.__dict__.get(table, {}).items():
-                if v is not None:
-                    yield ("attr", k), v
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if isinstance(k, str):
-                yield ("key", k), v
-        return
-    if isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield ("index", i), v
-        return
-    for k, v in (getattr(obj, "__dict__", None) or {}).items():
-        if (
-            isinstance(k, str)
-            and not k.startswith("__")
-            and k not in ("_parameters", "_buffers", "_modules")
-        ):
-            yield ("attr", k), v
-
-
-def _walk(
-    model: Any, ints: dict[tuple[Step, ...], int] | None = None
-) -> tuple[dict[int, tuple[Step, ...]], list[tuple[tuple[Step, ...], torch.Tensor]]]:
-    """(objects of the tree by id -> path, tensors of the tree with their paths); the
-    host ints held as attributes (not bools) go into ``ints`` by path when given."""
-    objects: dict[int, tuple[Step, ...]] = {}
-    tensors: list[tuple[tuple[Step, ...], torch.Tensor]] = []
-    stack: list[tuple[tuple[Step, ...], Any]] = [((), model)]
-    while stack:
-        path, obj = stack.pop()
-        if isinstance(obj, torch.Tensor):
-            if not isinstance(obj, torch.nn.Parameter):
-                tensors.append((path, obj))
-            continue
-        if (
-            ints is not None
-            and type(obj) is int
-            and path
-            and path[-1][0] == "attr"
-            and path not in ints
-        ):
-            ints[path] = obj
-            continue
-        if id(obj) in objects or len(path) > _MAX_DEPTH:
-            continue
-        if isinstance(obj, (str, bytes, int, float, bool, type(None))) or inspect.isroutine(obj):
-            continue
-        if inspect.ismodule(obj) or inspect.isclass(obj):
-            continue
-        objects[id(obj)] = path
-        stack.extend((path + (step,), child) for step, child in _children(obj))
-    return objects, tensors
 
 
 # ------------------------------------------------------------------ discovery
