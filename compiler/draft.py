@@ -232,19 +232,7 @@ def _callable(
         "(`arg` lines are positional, in order; `kwarg` by name). Configurations: exactly the",
         "layouts and values the trace saw (a final or short chunk it did not reach runs eager).",
     ] + notes
-    counters = tuple(
-        ir.HostCounter(site=_path(c.site), advances=c.advances, start=c.start, staged=True)
-        for c in k.counters
-    )
-    for c in counters:
-        comments[f"callable {cname}"] += textwrap.wrap(
-            f"counter {c.site.dotted()}: a host int every call advanced by {c.advances}. "
-            "Drafted `staged`: what the call derives from it reaches the graphs through "
-            "device buffers, and what it decides is checked on every replay. `from` is its "
-            "value at the first recorded call; raise it past a first call that takes another "
-            "branch. If it counts a region's clock (a cache's length), add `tracks REGION`.",
-            86,
-        )
+    counters = _counters(k, comments[f"callable {cname}"])
     if unkeyed:
         why = (
             "mode eager: replay keys every argument the call is passed, and "
@@ -268,6 +256,24 @@ def _callable(
         effects="device_rng" if k.randomness else "none",
         mode="eager" if unkeyed else "replay",
     )
+
+
+def _counters(k, comments: list[str]) -> tuple[ir.HostCounter, ...]:
+    """The host ints every call advanced, drafted as staged counters (said in comments)."""
+    counters = tuple(
+        ir.HostCounter(site=_path(c.site), advances=c.advances, start=c.start, staged=True)
+        for c in k.counters
+    )
+    for c in counters:
+        comments += textwrap.wrap(
+            f"counter {c.site.dotted()}: a host int every call advanced by {c.advances}. "
+            "Drafted `staged`: what the call derives from it reaches the graphs through "
+            "device buffers, and what it decides is checked on every replay. `from` is its "
+            "value at the first recorded call; raise it past a first call that takes another "
+            "branch. If it counts a region's clock (a cache's length), add `tracks REGION`.",
+            86,
+        )
+    return counters
 
 
 def names_for_root(root: str) -> str:
