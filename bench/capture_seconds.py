@@ -48,14 +48,14 @@ class PhaseTimers:
     def __init__(self) -> None:
         import duplexcadence.runtime.engine.backend as backend
         import duplexcadence.runtime.engine.capture_state as capture_state
-        import duplexcadence.runtime.engine.replay as replay
+        import duplexcadence.runtime.engine.replay_capture as replay_capture
 
         self.seconds: Counter = Counter()
         self.calls: Counter = Counter()
         self._undo: list = []
         self._wrap(capture_state.CaptureSnapshot, "__init__", "snapshot")
         self._wrap(capture_state.CaptureSnapshot, "restore", "restore")
-        self._wrap(replay, "materialize", "materialize")
+        self._wrap(replay_capture, "materialize", "materialize")
         self._wrap(backend.CudaGraphBackend, "run_eager", "eager (probe, warm-up)")
         self._wrap(backend.CudaGraphBackend, "capture", "capture (all)")
         self._wrap(torch.cuda.CUDAGraph, "capture_begin", "capture_begin")
