@@ -28,8 +28,8 @@ class Positions:
 
     def step(self, x):
         n = x.shape[0]
-        positions = torch.arange(self.pos, self.pos + n, dtype=x.dtype)
-        kv = torch.arange(4)
+        positions = torch.arange(self.pos, self.pos + n, dtype=x.dtype, device=x.device)
+        kv = torch.arange(4, device=x.device)
         kv += max(self.pos - self.window, 0)  # 0 until the window is full
         self.pos += n
         return x * 2 + positions[:, None] + kv.to(x.dtype)
