@@ -180,6 +180,24 @@ def run_checked(fn: Callable, args: tuple, kwargs: dict, expected: list[_OpRecor
     return out, program.difference
 
 
+def checked_once(fn: Callable, expected: list[_OpRecord], now: str, then: str):
+    """``fn`` wrapped so that its first run, and only that, is checked against
+    ``expected``: (the wrapped function, the check; read ``check.difference`` after
+    ``check.finish()``). Capture wraps the body alone (a graph's own set-up, its generator
+    state and pool, runs ops that are not the call's), once: a simulated replay re-runs
+    the captured function and is checked by the backend itself."""
+    check = HostProgram(expected, now=now, then=then)
+    unchecked = [check]
+
+    def once(*args, **kwargs):  # noqa: ANN002, ANN003
+        if not unchecked:
+            return fn(*args, **kwargs)
+        with unchecked.pop():
+            return fn(*args, **kwargs)
+
+    return once, check
+
+
 def _plain(x: Any) -> Any:
     """A comparable form of a non-tensor argument (floats by their repr: nan == nan)."""
     if isinstance(x, float):

@@ -250,24 +250,11 @@ class CaptureSteps:
         e.warmup_s = time.perf_counter() - t0
         a0, r0 = b.memory(dev)
         t1 = time.perf_counter()
-        check = None
-        fn = e.capture_fn
+        check, fn = None, e.capture_fn
         if expected is not None:
-            check = host_program.HostProgram(
-                expected, now="at capture", then="in the eager call before it"
+            fn, check = host_program.checked_once(
+                fn, expected, now="at capture", then="in the eager call before it"
             )
-
-            unchecked = [check]
-
-            def fn(*a, _fn=e.capture_fn, **k):  # noqa: ANN001
-                # around the body alone (the graph's own set-up, its generator state and
-                # pool, runs ops that are not the call's), and once: a simulated replay
-                # re-runs this and is checked by the backend itself
-                if not unchecked:
-                    return _fn(*a, **k)
-                with unchecked.pop():
-                    return _fn(*a, **k)
-
         e.captured = b.capture(fn, args, kwargs, dev, self.pool)
         e.capture_s = time.perf_counter() - t1
         if check is not None and check.finish() is None and check.difference is not None:
