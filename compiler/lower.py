@@ -34,6 +34,7 @@ from duplexcadence.compiler.lowered import (
     RegionRow,
     Retains,
     Retention,
+    StateObject,
     TensorLeaf,
     ValueLeaf,
 )
@@ -179,6 +180,21 @@ def _counter(n: ir.HostCounter, checked: Checked) -> Counter:
     return Counter(n.site.dotted(), n.advances, n.start, n.staged, tracks)
 
 
+def _objects(k: ir.Callable, regions: dict[str, ir.Region]) -> tuple[StateObject, ...]:
+    """Each object argument: where the call holds it, and where in it each member is."""
+    return tuple(
+        StateObject(
+            f'["{o.arg.root}"]',
+            o.site.dotted(),
+            tuple(
+                (m, regions[m].site.dotted()[len(o.site.dotted()) :].removeprefix("."))  # type: ignore[union-attr]
+                for m in o.members
+            ),
+        )
+        for o in k.objects
+    )
+
+
 def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallable:
     regions = {r.name: r for r in checked.contract.regions}
     return LoweredCallable(
@@ -200,6 +216,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
         counters=tuple(_counter(n, checked) for n in k.counters),
+        objects=_objects(k, regions),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
         batch=(
             Batch(analysis.batch_widths, analysis.batch_axis, analysis.batch_rows)
@@ -391,6 +408,7 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
             ("Autocast", k.ambient),
             ("Aliased", k.aliased),
             ("Retains", k.retains),
+            ("StateObject", k.objects),
             ("Counter", k.counters),
             ("Tracks", [n for n in k.counters if n.tracks is not None]),
         ):

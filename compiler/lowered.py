@@ -143,6 +143,17 @@ class LoweredCallable:
     counters: tuple[Counter, ...]
     catalog: Catalog | None  # None when left eager
     batch: Batch | None = None  # None: one session per call
+    objects: tuple["StateObject", ...] = ()  # object arguments (compiler/objects.py)
+
+
+@dataclass(frozen=True)
+class StateObject:
+    """An object argument as generated code declares it: the kwarg's dotted steps, the
+    model site of the object, and (member region, dotted steps inside the object)."""
+
+    steps: str
+    site: str
+    members: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,10 @@ GENERATED_NAMES = frozenset(
         "RegionTable",
         "RegionView",
         "Retains",
+        "StateObject",
         "Ring",
         "TensorSpec",
+        "Tracks",
         "Window",
         "bind_contract",
         # parameters of bind()

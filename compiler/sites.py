@@ -110,6 +110,7 @@ def _segment_problems(c: ir.Contract) -> list[Diagnostic]:
         paths += [(n.site, True) for n in k.counters]
         paths += [(r.source, False) for r in k.retains]
         paths += [(a.path, True) for a in k.args]
+        paths += [(o.site, True) for o in k.objects]
     found = []
     for path, root_is_attr in paths:
         bad = [n for n in _attr_names(path, root_is_attr=root_is_attr) if forbidden_segment(n)]

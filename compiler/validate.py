@@ -20,6 +20,7 @@ from duplexcadence.compiler.batch_rules import BatchRules
 from duplexcadence.compiler.callable_rules import CallableRules
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.names import check_names
+from duplexcadence.compiler.objects import expand_objects
 from duplexcadence.compiler.param_rules import check_params, reference_values
 from duplexcadence.compiler.region_rules import RegionNumbers, RegionRules
 from duplexcadence.compiler.silent_loss import silent_loss_warnings, used_regions
@@ -96,6 +97,11 @@ class _Validator(RegionRules, CallableRules, BatchRules):
 
     # ------------------------------------------------------------ top level
     def run(self) -> Checked:
+        # object arguments become region arguments first: every rule below, and lowering
+        # (which reads ``Checked.contract``), sees the regions the runtime keys
+        self.c, found = expand_objects(self.c)
+        self.out.contract = self.c
+        self.diags += found
         self.check_unique_names()
         self.diags += check_names(self.c)
         self.diags += check_sites(self.c)
@@ -140,6 +146,8 @@ class _Validator(RegionRules, CallableRules, BatchRules):
 
     def check_pins_written(self) -> None:
         written = {w for k in self.c.callables for w in k.writes}
+        # an object argument's members are copied back by the runtime (state_objects.py)
+        written |= {m for k in self.c.callables for o in k.objects for m in o.members}
         for r in self.c.regions:
             if r.address == "pinned" and r.site is not None and r.name not in written:
                 self.warn(

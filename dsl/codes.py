@@ -297,6 +297,12 @@ _CODES = [
         "documented region bound",
         "`allocate none` says a region only documents stock state (a vendor ring a session owns, counted by `clockc plan`) and bind() provides nothing for it: it takes no site, and no callable may read, write or retain it.",
     ),
+    Code(
+        "CLK058",
+        "error",
+        "bad object argument",
+        "`kwarg NAME: site PATH` passes the object the model holds at PATH (a transformers `Cache`, a padding cache): it is a whole keyword argument (no steps after NAME; a caller may still pass it by position), and some region must have its site inside PATH (the object's tensors, which become the argument's members `NAME[\"R\"]`).",
+    ),
     # ---- common syntax mistakes
     Code(
         "CLK060",

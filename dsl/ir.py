@@ -190,7 +190,18 @@ class ScalarArg(Node):
     type: Literal["bool", "int", "float", "none"]
 
 
-ArgType = Annotated[Union[RegionArg, TensorArg, ScalarArg], Field(discriminator="kind")]
+class ObjectArg(Node):
+    """`kwarg past: site stream.cache`: the argument is the object the model holds at
+    `site` (a transformers `Cache`, a padding cache), whose tensors are regions at sites
+    under it; validation expands it into those regions (compiler/objects.py)."""
+
+    kind: Literal["object"] = "object"
+    site: Path
+
+
+ArgType = Annotated[
+    Union[RegionArg, TensorArg, ScalarArg, ObjectArg], Field(discriminator="kind")
+]
 
 
 class Arg(Node):
@@ -252,6 +263,17 @@ class Batch(Node):
     row_spans: tuple[Span, ...] = Field(default=(), exclude=True, repr=False)  # one per row
 
 
+class StateObject(Node):
+    """An object argument after expansion (compiler/objects.py): the call passes at
+    `arg` the object the model holds at `site`; `members` are the regions at sites under
+    it, each now a region argument `arg["member"]`."""
+
+    arg: Path
+    keyword: bool
+    site: Path
+    members: tuple[str, ...]
+
+
 class Callable(Node):
     name: str
     site: Path | None = None
@@ -268,6 +290,8 @@ class Callable(Node):
     mode: Literal["replay", "eager"] = "replay"
     batch: Batch | None = None
     note: str | None = None
+    # object arguments, expanded (compiler/objects.py); the parser leaves this empty
+    objects: tuple[StateObject, ...] = ()
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
 
 

@@ -253,6 +253,9 @@ class _ToIR(Transformer):
     def free_tensor_arg(self, meta, c):
         return ir.TensorArg(dtype=str(c[0]), dims=c[1], layout="free", span=meta_span(meta))
 
+    def object_arg(self, meta, c):
+        return ir.ObjectArg(site=c[0], span=meta_span(meta))
+
     def scalar_arg(self, meta, c):
         return ir.ScalarArg(type=str(c[0]), span=meta_span(meta))
 

@@ -93,6 +93,8 @@ def _arg_type(t) -> str:
             return text + " layout free"
         text += f" strides {dims(t.strides)}" if t.strides is not None else ""
         return text + (f" offset {expr(t.offset)}" if t.offset is not None else "")
+    if isinstance(t, ir.ObjectArg):
+        return f"site {path(t.site)}"
     return t.type
 
 
