@@ -124,6 +124,7 @@ from .serving.declared import (  # noqa: E402
     RegionDecl,
     RegionTable,
     Retains,
+    StateObject,
 )
 from .state.folds import FoldError  # noqa: E402
 from .serving.lane import Lane, LaneError  # noqa: E402
@@ -166,6 +167,7 @@ __all__ += [
     "RegionDecl",
     "RegionTable",
     "Retains",
+    "StateObject",
     "Session",
     "SessionBusy",
     "SessionError",

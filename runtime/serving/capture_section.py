@@ -5,7 +5,8 @@ holds it one class at a time, ``pause()`` between two), the lane's generator as 
 device default and the lane's regions at the model's sites, the lane's region
 contents saved once for every engine captured inside (capture_state.py) and the
 model's host scalars (state/object_tree.py: an offset the body advances, a flag it
-sets, which the probe, warm-up and capture calls would leave moved by three calls); all
+sets, which the probe, warm-up and capture calls would leave moved by three calls) and
+the tensors on the objects passed as object arguments (serving/state_objects.py); all
 of it put back on exit, and the scalars at every pause too, so the eager steps that run
 between two classes see the model as their own calls left it.
 """
@@ -99,7 +100,14 @@ class CaptureSection:
         self._swapped = []
         self._kept = dict(b._site_tensors)
         self._scalars = HostScalars(b.model)
-        if not lane.owns_sites:
+        if lane.owns_sites:
+            # an object argument's members are rebound by every call the capture makes
+            # (state_objects.py): the sites are put back as they were found
+            for k in b.decl.callables:
+                for o in k.objects:
+                    obj = get_at(b.model, o.site)
+                    self._swapped += [(o.site + at, get_at(obj, at)) for _, at in o.members]
+        else:
             for r in b.decl.regions.values():
                 if r.site is not None and r.install == "allocate":
                     self._swapped.append((r.site, get_at(b.model, r.site)))

@@ -40,23 +40,13 @@ from ..engine.ambient import AUTOCAST_OFF, Autocast
 from ..engine.classes import CaptureClass, RegionView, TensorSpec
 from ..engine.effects import Effect
 from .params import ParamDecl
-from ..state.counters import Tracks
 from ..state.regions import RegionSpec
 from ..state.retention import Retention
-from ..state.sites import Step, parse_path
+from ..state.sites import Step
+from .declared_args import Aliased, Counter, Retains, StateObject, _normalise, _steps
 
 Install = Literal["carry", "allocate", "stock", "pinned", "declared"]
 PER_SESSION = frozenset({"turn", "session"})
-
-
-def _steps(path: str | tuple[Step, ...] | None) -> tuple[Step, ...] | None:
-    """A site as written (a dotted path) or as steps, as steps."""
-    return parse_path(path) if isinstance(path, str) else path
-
-
-def _normalise(obj: Any, **values: Any) -> None:
-    for name, value in values.items():
-        object.__setattr__(obj, name, value)
 
 
 @dataclass(frozen=True)
@@ -103,48 +93,6 @@ class RegionDecl:
     @property
     def per_session(self) -> bool:
         return self.spec.lifetime in PER_SESSION
-
-
-@dataclass(frozen=True)
-class Aliased:
-    """An argument the call must read at a region's own address.
-
-    ``container`` is ``"args"`` (first step an index) or ``"kwargs"`` (first step a
-    key). ``how``: ``carry`` adopts with retention, ``prefix`` copies the stock
-    tensor's leading part in, ``slot`` (``region r[i]``) is read where the caller put
-    it (admission pins its pointer)."""
-
-    region: str
-    container: Literal["args", "kwargs"]
-    steps: tuple[Step, ...]
-    how: Literal["carry", "prefix", "slot"]
-
-    def __post_init__(self) -> None:
-        _normalise(self, steps=_steps(self.steps))
-
-
-@dataclass(frozen=True)
-class Retains:
-    """``retains region from result...``: the history at ``steps`` of the result is
-    written back into the carry, and the result then holds the carry's view."""
-
-    region: str
-    steps: tuple[Step, ...]
-
-    def __post_init__(self) -> None:
-        _normalise(self, steps=_steps(self.steps))
-
-
-@dataclass(frozen=True)
-class Counter:
-    site: tuple[Step, ...]
-    advances: int
-    start: int
-    staged: bool = False  # read live by graphs through device buffers (engine/staging.py)
-    tracks: Tracks | None = None  # captured where the stream meets a region's extent
-
-    def __post_init__(self) -> None:
-        _normalise(self, site=_steps(self.site))
 
 
 @dataclass(frozen=True)
@@ -208,6 +156,7 @@ class CallableDecl:
     # callable's values do not depend on its layout), so the catalog names shapes only
     layout_free: tuple[tuple[Literal["args", "kwargs"], tuple[Step, ...]], ...] = ()
     batch: BatchDecl | None = None  # sessions in step may share one call (lockstep)
+    objects: tuple[StateObject, ...] = ()  # object arguments (transformers caches)
 
     def __post_init__(self) -> None:
         # a CatalogDecl (or any sequence) of classes is kept as the tuple it expands to

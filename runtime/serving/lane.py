@@ -42,6 +42,7 @@ from ..state.sites import get_at, has_site, set_at, update_at
 from .declared import Aliased
 from .lane_engines import LaneEngines, LaneError
 from .lane_values import merge_retired, use_value
+from .state_objects import BoundObjects
 from .params import (
     ParamKey,
     ValueGraphs,
@@ -80,6 +81,7 @@ class Lane(LaneEngines):
         self.regions: dict[str, Region] = {}
         self.engines: dict[str, ExactShapeReplay] = {}
         self.bodies: dict[str, Callable] = {}
+        self.objects: dict[str, BoundObjects] = {}  # callables' object arguments
         self._callables = {k.name: k for k in binding.decl.callables}
         # each callable's declared argument form (calls.py): a caller may pass an `arg`
         # by keyword or a `kwarg` by position; the catalog and the aliasing see one form
@@ -124,16 +126,26 @@ class Lane(LaneEngines):
     # ------------------------------------------------------------------ build
     def _make_regions(self) -> None:
         b, model = self.binding, self.binding.model
+        members = {n for k in b.decl.callables for o in k.objects for n, _ in o.members}
         for r in b.decl.regions.values():
             if r.install == "declared":
                 continue
             if r.install == "carry":
                 carry = self.new_region(r)
-                if self.owns_sites and r.site is not None and has_site(model, r.site):
+                if (
+                    self.owns_sites
+                    and r.site is not None
+                    and has_site(model, r.site)
+                    and get_at(model, r.site) is not None  # an object's member: state_objects
+                ):
                     update_at(model, r.site, carry.adopt)
                 self.regions[r.name] = carry
             elif r.install == "pinned" and r.initial is not None:
-                self.regions[r.name] = self._pinned_zeros(r)
+                self.regions[r.name] = _pinned_zeros(self, r)
+            elif r.name in members and get_at(model, r.site) is None:  # type: ignore[arg-type]
+                # an object's member the vendor makes on its first call (`padding_cache[i]
+                # is None`): that call runs eager, and the value is pinned into this region
+                self.regions[r.name] = _pinned_zeros(self, r, create_site=False)
             elif r.install in ("stock", "pinned"):
                 if not self.owns_sites:
                     raise LaneError(
@@ -155,24 +167,6 @@ class Lane(LaneEngines):
             retention = retention_at(b.decl, r, self.key)
             return CarryRegion(spec, retention, b.device, audit=b.audit)  # type: ignore[arg-type]
         return Region.allocate(spec, b.device)
-
-    def _pinned_zeros(self, r: Any) -> Region:
-        """A pinned region that starts as zeros (`initial zeros`): allocated compact at
-        its demand shape, holding the stock's state where the site already exists (the
-        stock's view may keep a whole activation alive), and put at the site, creating it
-        where it is absent (what the stock's first call would read: zeros)."""
-        b = self.binding
-        if not self.owns_sites:
-            raise LaneError(
-                f"region {r.name} is pinned at its site: a second lane cannot have its own; "
-                "serve sessions on one lane"
-            )
-        region = Region.allocate(r.spec, b.device)
-        if has_site(b.model, r.site):
-            with torch.no_grad():
-                region.tensor.copy_(get_at(b.model, r.site))
-        set_at(b.model, r.site, region.tensor)
-        return region
 
     # ---------------------------------------------------------------- capture
     def capture(self, progress: bool = True) -> None:
@@ -271,6 +265,8 @@ class Lane(LaneEngines):
         if convention is not None:
             args, kwargs = convention.normalise(args, kwargs)
         args_list = list(args)
+        objects = self.objects.get(name)
+        replaced = objects.unpack(kwargs) if objects is not None else []
         for a in k.aliased:
             container = args_list if a.container == "args" else kwargs
             update_at(container, a.steps, lambda t, a=a: self._adopt(a, t, session))
@@ -280,7 +276,11 @@ class Lane(LaneEngines):
         fn = self.engines.get(name) or self.bodies[name]
         # hot callables are inference-only: a replay carries no autograd history
         with torch.inference_mode():
-            return fn(*args_list, **kwargs)
+            out = fn(*args_list, **kwargs)
+        if objects is not None:
+            out, views = out
+            objects.rebind(replaced, views)
+        return out
 
     def _adopt(self, a: Aliased, t: Any, session: Any) -> Any:
         region = self.regions[a.region]
@@ -300,6 +300,28 @@ class Lane(LaneEngines):
 
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self.regions.values())
+
+
+def _pinned_zeros(lane: Lane, r: Any, create_site: bool = True) -> Region:
+    """A pinned region that starts as zeros (`initial zeros`): allocated compact at
+    its demand shape, holding the stock's state where the site already exists (the
+    stock's view may keep a whole activation alive), and put at the site, creating it
+    where it is absent (what the stock's first call would read: zeros). With
+    ``create_site`` False the site is left as it is (it holds None until the stock's
+    first call makes the value, which the callable's pin then copies in)."""
+    b = lane.binding
+    if not lane.owns_sites:
+        raise LaneError(
+            f"region {r.name} is pinned at its site: a second lane cannot have its own; "
+            "serve sessions on one lane"
+        )
+    region = Region.allocate(r.spec, b.device)
+    if has_site(b.model, r.site) and get_at(b.model, r.site) is not None:
+        with torch.no_grad():
+            region.tensor.copy_(get_at(b.model, r.site))
+    if create_site:
+        set_at(b.model, r.site, region.tensor)
+    return region
 
 
 def _contiguous(t: Any) -> Any:

@@ -22,6 +22,7 @@ from ..state.site_reads import SiteReads
 from ..state.sites import format_path, get_at, replace_at, set_at
 from ..state.trees import map_tensors
 from .declared import CallableDecl
+from .state_objects import BoundObjects
 from .params import ParamKey, classes_at
 
 
@@ -37,6 +38,14 @@ class LaneEngines:
                 f"callable {k.name} keeps host counters at model sites: a second lane "
                 "would share them; serve sessions on one lane"
             )
+        if k.objects:
+            if not self.owns_sites:
+                raise LaneError(
+                    f"callable {k.name} is passed objects the model holds (a cache): a second "
+                    "lane would share them; serve sessions on one lane"
+                )
+            self.objects[k.name] = BoundObjects(k, self.regions, self.binding.model)
+            self.objects[k.name].check_bound()
         body = self._eager_body(k)
         self.bodies[k.name] = body
         if not k.replay:
@@ -94,9 +103,13 @@ class LaneEngines:
         retains = [(self.regions[r.region], r.steps) for r in k.retains]
         pins = [(b.decl.regions[w].site, self.regions[w]) for w in k.pins]
         rows = k.batch.rows if b.batch > 1 and k.batch is not None else ()
+        objects = self.objects.get(k.name)
 
         def body(*args: Any, **kwargs: Any) -> Any:
             with b.eager_section(self):
+                held: list = []
+                if objects is not None:
+                    kwargs, held = objects.repack(kwargs)
                 if rows:
                     # the ops no proof found batch-invariant, one session at a time; a
                     # capture records the per-row kernels, so replay runs them so too
@@ -108,7 +121,10 @@ class LaneEngines:
                     result = replace_at(result, steps, carry.retain(get_at(result, steps)))
                 for site, region in pins:
                     pin_at(b.model, site, region)
-                return self._off_eager_scratch(result)
+                result = self._off_eager_scratch(result)
+                if objects is not None:
+                    return result, objects.write_back(held)
+                return result
 
         return body
 
