@@ -1,6 +1,7 @@
 """Cells and the worker ``Run`` shared by the one-callable streaming decoders (issue 15):
 VoxCPM2's AudioVAE (``bench/voxcpm2.py``) and Qwen3-Omni Code2Wav
-(``bench/qwen3_code2wav.py``).
+(``bench/qwen3_code2wav.py``), and by one encoder, Mimi's (``bench/mimi_encoder.py``:
+its step yields codes, not PCM).
 
 Each driver declares a ``Decoder``: how to build the released model (seeded random
 weights), how to open its stock stream (``step()`` -> one chunk's float32 PCM, the
@@ -85,6 +86,7 @@ class Decoder:
     bind: Callable[..., Any]  # (stream, device, backend=None) -> Binding
     compile_site: Callable[[Any], tuple[Any, str]]
     extra_setup: Callable[[Cell, Any, dict], None] | None = None
+    output: str = "pcm"  # the Stream a step yields (an encoder's: "codes")
 
 
 class DecoderRun:
@@ -133,7 +135,7 @@ class DecoderRun:
             raise CellFailed("torch.compile raised while wrapping", f"{type(e).__name__}: {e}")
 
     def step(self) -> dict:
-        return {"pcm": self.stream.step()}
+        return {self.decoder.output: self.stream.step()}
 
     def after(self, phase: str) -> None:
         info = self.ctx.setup
