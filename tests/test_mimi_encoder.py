@@ -59,3 +59,18 @@ def test_the_whole_encode_replays_exactly_after_the_first_frame(model, reference
     lane = binding.lanes[0]
     assert state.cache.layers[3].keys.data_ptr() == lane.regions["k3"].data_ptr()
     assert state.padding.padding_cache[14] is lane.regions["pad14"].tensor
+
+
+@pytest.mark.cuda
+def test_scalar_buffers_on_the_host_give_the_vendor_placement_s_codes_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    frames = 244  # past the sliding window (125 frames) and the bench's stream
+    runs = []
+    for host_scalars in (False, True):
+        model = W.build_mimi(seed=0, device="cuda", host_scalars=host_scalars)
+        stream = W.AudioStream(
+            W.new_stream_state(model, initialized=False), seed=0, n_frames=frames
+        )
+        runs.append(torch.cat([stream.step() for _ in range(frames)], dim=-1).cpu())
+    assert torch.equal(runs[0], runs[1])

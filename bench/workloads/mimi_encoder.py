@@ -12,7 +12,15 @@ What this module adds around the vendor code, and nothing more:
   8-layer 512-d transformer of 8 heads x 64 with sliding window 250, downsample to
   12.5 Hz, 32 quantizers of 2048), the weights the vendor's own ``_init_weights``; the
   codebooks, which the vendor starts at zeros (every code 0), get seeded normal
-  centroids, and their lazily cached ``embed`` is made before any capture.
+  centroids, and their lazily cached ``embed`` is made before any capture. Placement:
+  each ``MimiConv1d`` keeps ``stride``, ``kernel_size`` and ``padding_total`` as 0-dim
+  int64 buffers, which ``.to(cuda)`` moves to the device; its forward then computes its
+  paddings from them and pads with them (``F.pad`` with tensor pads, ``x[..., -pad:]``),
+  a host sync per conv (~40 a frame), which no CUDA graph can capture (the H200 run at
+  d2ff29a: every class ``capture_failed``). ``keep_scalars_on_host`` keeps those
+  buffers on the CPU, as built, for every cell (the stock too): integer arithmetic, the
+  same values and bytes (``tests/test_mimi_encoder.py``'s cuda test compares the codes
+  with the vendor's placement over 244 frames).
 * ``new_stream_state(model)``: the stream's state as the vendor's streaming encode keeps
   it — a ``DynamicCache(config=...)`` (8 ``DynamicSlidingWindowLayer``) and the
   ``MimiConv1dPaddingCache`` that ``MimiModel.encode`` builds when passed None
@@ -66,8 +74,9 @@ def unavailable_reason() -> str | None:
     )
 
 
-def build_mimi(seed: int = 0, device: Any = "cpu") -> torch.nn.Module:
-    """The released MimiModel at its default config, seeded random weights, eval."""
+def build_mimi(seed: int = 0, device: Any = "cpu", host_scalars: bool = True) -> torch.nn.Module:
+    """The released MimiModel at its default config, seeded random weights, eval;
+    ``host_scalars``: its scalar shape buffers kept on the host (module docstring)."""
     reason = unavailable_reason()
     if reason is not None:
         raise ImportError(reason)
@@ -82,11 +91,30 @@ def build_mimi(seed: int = 0, device: Any = "cpu") -> torch.nn.Module:
             codebook.embed_sum.normal_()
             codebook._embed = None
     model = model.to(torch.device(device))
+    if host_scalars:
+        keep_scalars_on_host(model)
     for codebook in _codebooks(model):
         # ``embed`` is cached on its first quantize, a tensor attribute made by the call:
         # made here, once, so that no graph capture is the call that makes it
         codebook.embed  # noqa: B018
     return model
+
+
+def keep_scalars_on_host(model: torch.nn.Module) -> list[str]:
+    """Every non-persistent 0-dim integer buffer moved to the host; their names."""
+    moved = []
+    for path, m in model.named_modules():
+        for name, t in list(m._buffers.items()):
+            if (
+                t is not None
+                and name in m._non_persistent_buffers_set
+                and t.dim() == 0
+                and not t.is_floating_point()
+                and t.device.type != "cpu"
+            ):
+                m._buffers[name] = t.cpu()
+                moved.append(f"{path}.{name}")
+    return moved
 
 
 def _codebooks(model: Any) -> list[Any]:
