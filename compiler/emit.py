@@ -12,6 +12,7 @@ import functools
 import black
 import jinja2
 
+from duplexcadence.compiler.lower import extent_runs
 from duplexcadence.compiler.lowered import LoweredContract
 
 TEMPLATES = {
@@ -21,7 +22,36 @@ TEMPLATES = {
 }
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
 
-FILTERS = {"pyrepr": repr}
+def _literal(value: object) -> str:
+    """``repr``, with str literals as black writes them (double quotes, unless the text
+    has one): the region and catalog tables are written under `# fmt: off`, one row per
+    line, and must read like the black-formatted rest."""
+    if isinstance(value, str):
+        text = repr(value)
+        return '"' + text[1:-1] + '"' if text.startswith("'") and '"' not in value else text
+    if type(value) in (tuple, list):
+        items = ", ".join(_literal(v) for v in value)  # type: ignore[union-attr]
+        if type(value) is list:
+            return f"[{items}]"
+        return f"({items},)" if len(value) == 1 else f"({items})"  # type: ignore[arg-type]
+    return repr(value)
+
+
+def _extents(extents: tuple) -> str:
+    """A region's attended extents as the comment shows them: `0, 2, ..., 248, 249`."""
+    out = []
+    for run in extent_runs(list(extents)):
+        if isinstance(run, tuple) and len(range(*run)) > 4:
+            start, stop, step = run
+            out.append(f"{start}, {start + step}, ..., {stop - step}")
+        elif isinstance(run, tuple):
+            out += [str(e) for e in range(*run)]
+        else:
+            out.append(str(run))
+    return "[" + ", ".join(out) + "]"
+
+
+FILTERS = {"pyrepr": _literal, "extents": _extents}
 
 
 @functools.lru_cache(maxsize=1)  # templates compile once per process, not once per contract

@@ -118,19 +118,60 @@ def lower_catalog(k: ir.Callable, classes: tuple[CatalogClass, ...], checked: Ch
     columns = list(zip(*leaves)) if leaves else []
     choices = [tuple(dict.fromkeys(leaf for _, leaf in column)) for column in columns]
     varying = [i for i, c in enumerate(choices) if len(c) > 1]
+    picks = {i: tuple(choices[i].index(leaf) for _, leaf in columns[i]) for i in varying}
+    # a varying leaf that picks what an earlier one picks in every class is tied to it
+    first_with: dict[tuple, int] = {}
+    tied = {}
+    for ordinal, i in enumerate(varying):
+        j = first_with.setdefault(picks[i], ordinal)
+        if j != ordinal:
+            tied[i] = j
+    own = [i for i in varying if i not in tied]
     position = iter(range(len(columns)))
 
     def leaf_at() -> Node:
         i = next(position)
-        return OneOfLeaf(choices[i]) if i in varying else choices[i][0]
+        if i not in varying:
+            return choices[i][0]
+        return OneOfLeaf(choices[i], pick_as=tied.get(i), views=_views(choices[i]))
 
     args = tuple(node for _, node in _typed(trees[0][0], leaf_at)) if trees else ()
     kwargs = _typed(trees[0][1], leaf_at) if trees else ()
     rows = tuple(
-        CatalogRow(name, tuple(choices[i].index(flat[i][1]) for i in varying))
-        for name, flat in zip(names, leaves)
+        CatalogRow(name, tuple(picks[i][r] for i in own)) for r, name in enumerate(names)
     )
-    return Catalog(args, kwargs, tuple(columns[i][0][0] for i in varying), rows)
+    return Catalog(args, kwargs, tuple(columns[i][0][0] for i in own), rows)
+
+
+def extent_runs(extents: list[int]) -> tuple:
+    """Extents as runs: each arithmetic run of three or more as (start, stop, step) of a
+    range, the others as themselves (0, 2, ..., 248, 249 -> ((0, 250, 2), 249))."""
+    runs: list = []
+    i = 0
+    while i < len(extents):
+        j = i + 1
+        step = extents[j] - extents[i] if j < len(extents) else 0
+        while step > 0 and j < len(extents) and extents[j] - extents[j - 1] == step:
+            j += 1
+        if j - i >= 3:
+            runs.append((extents[i], extents[j - 1] + step, step))
+            i = j
+        else:
+            runs.append(extents[i])
+            i += 1
+    return tuple(runs)
+
+
+def _views(choices: tuple) -> tuple[str, tuple] | None:
+    """``(region, runs)`` when every choice views one region at an extent (module
+    ``lowered.OneOfLeaf``); arithmetic runs of three or more extents become ranges."""
+    if not all(isinstance(c, RegionLeaf) and c.index is None for c in choices):
+        return None
+    region = {c.region for c in choices}
+    extents = [c.extent for c in choices]
+    if len(region) != 1 or None in extents:
+        return None
+    return region.pop(), extent_runs(extents)
 
 
 # ---------------------------------------------------------------- callables
@@ -377,7 +418,7 @@ def _nodes(catalog: Catalog):
             stack += [v for _, v in n.items]
         elif isinstance(n, OneOfLeaf):
             yield n
-            stack += list(n.choices)
+            stack += [] if n.views else list(n.choices)
         else:
             yield n
 
@@ -400,8 +441,11 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
     for k in callables:
         if k.catalog is not None:
             used.add("CatalogDecl")
-            kinds = {type(n) for n in _nodes(k.catalog)}
+            nodes = list(_nodes(k.catalog))
+            views = [n for n in nodes if isinstance(n, OneOfLeaf) and n.views]
+            kinds = {type(n) for n in nodes if not (isinstance(n, OneOfLeaf) and n.views)}
             used |= {name for t, name in _LEAF_IMPORTS if t in kinds}
+            used |= {"RegionViews"} if views else set()
             uses_torch |= TensorLeaf in kinds
         uses_torch |= any(v is not None for v in k.ambient)
         for name, present in (

@@ -50,6 +50,12 @@ class OneOfLeaf:
 
     kind: ClassVar[str] = "one_of"
     choices: tuple[Leaf, ...]
+    # in every class, the index the `pick_as`-th varying leaf picks (the row omits it):
+    # sixteen KV regions whose extents move together are one column, not sixteen
+    pick_as: int | None = None
+    # every choice a view of one region at an extent: (region, runs), each run an extent
+    # or (start, stop, step) of a range, written `RegionViews(region, range(...), e)`
+    views: tuple[str, tuple] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ Node = Union[TensorLeaf, RegionLeaf, ValueLeaf, OneOfLeaf, DictNode]
 @dataclass(frozen=True)
 class CatalogRow:
     name: str
-    picks: tuple[int, ...]  # the index chosen in each OneOf, in traversal order
+    picks: tuple[int, ...]  # the index chosen in each OneOf (but a `pick_as`), in order
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class Catalog:
 
     args: tuple[Node, ...]
     kwargs: tuple[tuple[str, Node], ...]
-    varying: tuple[str, ...]  # the contract paths of the OneOf leaves, in pick order
+    varying: tuple[str, ...]  # the contract paths of the OneOf leaves a row picks, in order
     rows: tuple[CatalogRow, ...]
 
 

@@ -50,6 +50,8 @@ GENERATED_NAMES = frozenset(
         "FoldDecl",
         "HeadTail",
         "OneOf",
+        "RegionViews",
+        "range",
         "ParamDecl",
         "RegionDecl",
         "RegionSpec",

@@ -176,7 +176,7 @@ def test_emitted_contract_declares_the_lockstep_and_stacks_at_width():
         'batch=BatchDecl(widths=(8, 16), axis=0, rows=("aten.mean.dim", "aten.mm.default")),'
         in source
     )
-    assert '"slot": 1,' in source
+    assert '"slot": 1}' in source
     adapter_source = result.files["adapter.py"]
     assert "    batch=None,\n" in adapter_source and "        batch=batch,\n" in adapter_source
     assert "`batch`: the number of sessions in lockstep this binding serves" in adapter_source

@@ -109,7 +109,7 @@ def test_generated_code_declares_the_domain_and_shifts():
     assert '"shift": (("f_prompt", 1),)' in code  # a RegionTable field
     assert '"shape_shift": ((("f_prompt", 1),), ())' in code  # per dim: the frame dim moves
     assert "(15, 8)" in code  # the carry at the domain's largest shape
-    assert 'RegionView("carry", 4)' in code  # the catalog at the default
+    assert 'RegionViews("carry", range(4, 13, 3), 11)' in code  # the catalog at the default
 
 
 @pytest.mark.parametrize(

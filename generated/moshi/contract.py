@@ -31,76 +31,63 @@ DETERMINISM = {"cuda.cudnn_sdp": False, "cudnn.benchmark": False, "cudnn.determi
 # every region shares, then each region's own.
 REGIONS = RegionTable(
     common={"lifetime": "session", "mutability": "mutable"},
+    # one region per line, as a table
+    # fmt: off
     rows={
         # decoder_convtr_tail: 0.02 MiB
-        "decoder_convtr_tail": {
-            "dtype": torch.float32,
-            "shape": (1, 512, 8),
-            "install": "declared",
-        },
+        "decoder_convtr_tail": {"dtype": torch.float32, "shape": (1, 512, 8), "install": "declared"},
         # delay_cache: 0.00 MiB
         "delay_cache": {"dtype": torch.int64, "shape": (1, 17, 3), "install": "declared"},
         # downsample_first: 0.00 MiB
-        "downsample_first": {
-            "dtype": torch.bool,
-            "shape": (1,),
-            "install": "pinned",
-            "site": "mimi.downsample.conv._streaming_state.first",
-        },
+        "downsample_first": {"dtype": torch.bool, "shape": (1,), "install": "pinned", "site": "mimi.downsample.conv._streaming_state.first"},
         # lm_kv: 1500.00 MiB; attended [3000]
-        "lm_kv": {
-            "dtype": torch.bfloat16,
-            "shape": (32, 2, 1, 32, 3000, 128),
-            "axis": 4,
-            "install": "declared",
-            "retention": Ring(capacity=3000),
-        },
+        "lm_kv": {"dtype": torch.bfloat16, "shape": (32, 2, 1, 32, 3000, 128), "axis": 4, "install": "declared", "retention": Ring(capacity=3000)},
         # lm_offsets: 0.00 MiB
-        "lm_offsets": {
-            "dtype": torch.int64,
-            "shape": (1,),
-            "install": "pinned",
-            "site": "lm_gen._streaming_state.offsets",
-        },
+        "lm_offsets": {"dtype": torch.int64, "shape": (1,), "install": "pinned", "site": "lm_gen._streaming_state.offsets"},
         # mimi_decoder_kv: 7.81 MiB; attended [250]
-        "mimi_decoder_kv": {
-            "dtype": torch.float32,
-            "shape": (8, 2, 1, 8, 250, 64),
-            "axis": 4,
-            "install": "declared",
-            "retention": Ring(capacity=250),
-        },
+        "mimi_decoder_kv": {"dtype": torch.float32, "shape": (8, 2, 1, 8, 250, 64), "axis": 4, "install": "declared", "retention": Ring(capacity=250)},
         # mimi_encoder_kv: 7.81 MiB; attended [250]
-        "mimi_encoder_kv": {
-            "dtype": torch.float32,
-            "shape": (8, 2, 1, 8, 250, 64),
-            "axis": 4,
-            "install": "declared",
-            "retention": Ring(capacity=250),
-        },
+        "mimi_encoder_kv": {"dtype": torch.float32, "shape": (8, 2, 1, 8, 250, 64), "axis": 4, "install": "declared", "retention": Ring(capacity=250)},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # lm_step: width 1 (bound |Q|*prod K*|A| = 1)
     "lm_step": CatalogDecl(
         args=(TensorSpec((1, 8, 1), torch.int64),),
         # class name (every leaf is shared)
-        rows={"-": ()},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "-": (),
+        },
+        # fmt: on
     ),
     # mimi_decode: width 1 (bound |Q|*prod K*|A| = 1)
     "mimi_decode": CatalogDecl(
         args=(TensorSpec((1, 8, 1), torch.int64, stride=(9, 1, 1), offset=1),),
         # class name (every leaf is shared)
-        rows={"-": ()},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "-": (),
+        },
+        # fmt: on
     ),
     # mimi_encode: width 1 (bound |Q|*prod K*|A| = 1)
     "mimi_encode": CatalogDecl(
         args=(TensorSpec((1, 1, 1920), torch.float32),),
         # class name (every leaf is shared)
-        rows={"-": ()},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "-": (),
+        },
+        # fmt: on
     ),
 }
 

@@ -31,22 +31,18 @@ DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 # every region shares, then each region's own.
 REGIONS = RegionTable(
     common={},
+    # one region per line, as a table
+    # fmt: off
     rows={
         # code_window: 0.01 MiB (stock 0.03 MiB, rho 4.2); attended [25, 50]
-        "code_window": {
-            "dtype": torch.int64,
-            "shape": (1, 16, 50),
-            "axis": 2,
-            "lifetime": "turn",
-            "mutability": "immutable",
-            "install": "declared",
-            "retention": Window(width=50),
-        },
+        "code_window": {"dtype": torch.int64, "shape": (1, 16, 50), "axis": 2, "lifetime": "turn", "mutability": "immutable", "install": "declared", "retention": Window(width=50)},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # decode: width 3 (bound |Q|*prod K*|A| = 3)
     "decode": CatalogDecl(
@@ -58,7 +54,14 @@ CATALOG = {
             ),
         ),
         # class name: the index picked in each OneOf (codes)
-        rows={"frames=25": (0,), "frames=35": (1,), "frames=50": (2,)},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "frames=25": (0,),
+            "frames=35": (1,),
+            "frames=50": (2,),
+        },
+        # fmt: on
     ),
 }
 

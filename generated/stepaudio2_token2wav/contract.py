@@ -21,6 +21,7 @@ from duplexcadence.runtime import (
     ParamDecl,
     RegionTable,
     RegionView,
+    RegionViews,
     Retains,
     TensorSpec,
 )
@@ -37,70 +38,30 @@ DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 # every region shares, then each region's own.
 REGIONS = RegionTable(
     common={"dtype": torch.float32, "mutability": "mutable"},
+    # one region per line, as a table
+    # fmt: off
     rows={
         # conformer_carry: 15.70 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
-        "conformer_carry": {
-            "shape": (10, 1, 8, 700, 128),
-            "axis": 3,
-            "lifetime": "turn",
-            "install": "carry",
-            "retention": HeadTail(head=302, tail=100),
-            "site": 'stream_cache["conformer_att_cache"]',
-            "shift": (("f_prompt", 1),),
-            "retention_shift": ((("f_prompt", 1),), ()),
-            "shape_shift": ((), (), (), (("f_prompt", 1),), ()),
-        },
+        "conformer_carry": {"shape": (10, 1, 8, 700, 128), "axis": 3, "lifetime": "turn", "install": "carry", "retention": HeadTail(head=302, tail=100), "site": 'stream_cache["conformer_att_cache"]', "shift": (("f_prompt", 1),), "retention_shift": ((("f_prompt", 1),), ()), "shape_shift": ((), (), (), (("f_prompt", 1),), ())},
         # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-        "dit_cnn": {
-            "shape": (16, 2, 1024, 2),
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.estimator.cnn_cache_buffer",
-        },
+        "dit_cnn": {"shape": (16, 2, 1024, 2), "lifetime": "operator", "install": "allocate", "site": "flow.decoder.estimator.cnn_cache_buffer"},
         # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
-        "dit_workspace": {
-            "shape": (16, 2, 8, 756, 128),
-            "axis": 3,
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.estimator.att_cache_buffer",
-            "shape_shift": ((), (), (), (("f_prompt", 1),), ()),
-        },
+        "dit_workspace": {"shape": (16, 2, 8, 756, 128), "axis": 3, "lifetime": "operator", "install": "allocate", "site": "flow.decoder.estimator.att_cache_buffer", "shape_shift": ((), (), (), (("f_prompt", 1),), ())},
         # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
-        "estimator_carry": {
-            "shape": (10, 16, 2, 8, 700, 128),
-            "axis": 4,
-            "lifetime": "turn",
-            "install": "carry",
-            "retention": HeadTail(head=302, tail=100),
-            "site": 'stream_cache["estimator_att_cache"]',
-            "shift": (("f_prompt", 1),),
-            "retention_shift": ((("f_prompt", 1),), ()),
-            "shape_shift": ((), (), (), (), (("f_prompt", 1),), ()),
-        },
+        "estimator_carry": {"shape": (10, 16, 2, 8, 700, 128), "axis": 4, "lifetime": "turn", "install": "carry", "retention": HeadTail(head=302, tail=100), "site": 'stream_cache["estimator_att_cache"]', "shift": (("f_prompt", 1),), "retention_shift": ((("f_prompt", 1),), ()), "shape_shift": ((), (), (), (), (("f_prompt", 1),), ())},
         # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
-        "estimator_cnn": {
-            "shape": (10, 16, 2, 1024, 2),
-            "lifetime": "turn",
-            "install": "allocate",
-            "site": "flow.decoder.cnn_cache_buffer",
-        },
+        "estimator_cnn": {"shape": (10, 16, 2, 1024, 2), "lifetime": "turn", "install": "allocate", "site": "flow.decoder.cnn_cache_buffer"},
         # hift_mel_cache: 0.00 MiB
         "hift_mel_cache": {"shape": (1, 80, 8), "lifetime": "turn", "install": "declared"},
         # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
-        "solver_workspace": {
-            "shape": (10, 16, 2, 8, 756, 128),
-            "axis": 4,
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.att_cache_buffer",
-            "shape_shift": ((), (), (), (), (("f_prompt", 1),), ()),
-        },
+        "solver_workspace": {"shape": (10, 16, 2, 8, 756, 128), "axis": 4, "lifetime": "operator", "install": "allocate", "site": "flow.decoder.att_cache_buffer", "shape_shift": ((), (), (), (), (("f_prompt", 1),), ())},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # flow_chunk: width 12 (bound |Q|*prod K*|A| = 36)
     "flow_chunk": CatalogDecl(
@@ -109,30 +70,27 @@ CATALOG = {
             "spk": TensorSpec((1, 192), torch.float32),
             "cache": {
                 "conformer_cnn_cache": TensorSpec((1, 512, 6), torch.float32),
-                "conformer_att_cache": OneOf(
-                    RegionView("conformer_carry", 302),
-                    RegionView("conformer_carry", 352),
-                    RegionView("conformer_carry", 402),
-                ),
+                "conformer_att_cache": RegionViews("conformer_carry", range(302, 452, 50)),
                 "estimator_cnn_cache": RegionView("estimator_cnn"),
-                "estimator_att_cache": OneOf(
-                    RegionView("estimator_carry", 302),
-                    RegionView("estimator_carry", 352),
-                    RegionView("estimator_carry", 402),
+                "estimator_att_cache": RegionViews(
+                    "estimator_carry", range(302, 452, 50), pick_as=0
                 ),
             },
             "last_chunk": OneOf(False, True),
             "n_timesteps": 10,
         },
-        # class name: the index picked in each OneOf (cache["conformer_att_cache"], cache["estimator_att_cache"], last_chunk)
+        # class name: the index picked in each OneOf (cache["conformer_att_cache"], last_chunk)
+        # one class per line, as a table
+        # fmt: off
         rows={
-            "conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=False": (0, 0, 0),
-            "conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=True": (0, 0, 1),
-            "conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=False": (1, 1, 0),
-            "conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=True": (1, 1, 1),
-            "conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=False": (2, 2, 0),
-            "conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=True": (2, 2, 1),
+            "conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=False": (0, 0),
+            "conformer_carry=302,estimator_carry=302,n_timesteps=10,last_chunk=True": (0, 1),
+            "conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=False": (1, 0),
+            "conformer_carry=352,estimator_carry=352,n_timesteps=10,last_chunk=True": (1, 1),
+            "conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=False": (2, 0),
+            "conformer_carry=402,estimator_carry=402,n_timesteps=10,last_chunk=True": (2, 1),
         },
+        # fmt: on
     ),
     # vocoder: width 4 (bound |Q|*prod K*|A| = 4)
     "vocoder": CatalogDecl(
@@ -146,12 +104,15 @@ CATALOG = {
             OneOf(TensorSpec((1, 1, 0), torch.float32), TensorSpec((1, 1, 3840), torch.float32)),
         ),
         # class name: the index picked in each OneOf (speech_feat, cache_source)
+        # one class per line, as a table
+        # fmt: off
         rows={
             "mel_frames=50,source_len=0": (0, 0),
             "mel_frames=56,source_len=0": (1, 0),
             "mel_frames=58,source_len=3840": (2, 1),
             "mel_frames=64,source_len=3840": (3, 1),
         },
+        # fmt: on
     ),
 }
 

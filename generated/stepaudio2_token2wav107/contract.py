@@ -20,6 +20,7 @@ from duplexcadence.runtime import (
     OneOf,
     RegionTable,
     RegionView,
+    RegionViews,
     Retains,
     TensorSpec,
 )
@@ -36,51 +37,26 @@ DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 # every region shares, then each region's own.
 REGIONS = RegionTable(
     common={"dtype": torch.float32, "mutability": "mutable"},
+    # one region per line, as a table
+    # fmt: off
     rows={
         # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-        "dit_cnn": {
-            "shape": (16, 2, 1024, 2),
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.estimator.cnn_cache_buffer",
-        },
+        "dit_cnn": {"shape": (16, 2, 1024, 2), "lifetime": "operator", "install": "allocate", "site": "flow.decoder.estimator.cnn_cache_buffer"},
         # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
-        "dit_workspace": {
-            "shape": (16, 2, 8, 458, 128),
-            "axis": 3,
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.estimator.att_cache_buffer",
-        },
+        "dit_workspace": {"shape": (16, 2, 8, 458, 128), "axis": 3, "lifetime": "operator", "install": "allocate", "site": "flow.decoder.estimator.att_cache_buffer"},
         # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
-        "estimator_carry": {
-            "shape": (10, 16, 2, 8, 402, 128),
-            "axis": 4,
-            "lifetime": "turn",
-            "install": "carry",
-            "retention": HeadTail(head=302, tail=100),
-            "site": 'stream_cache["estimator_att_cache"]',
-        },
+        "estimator_carry": {"shape": (10, 16, 2, 8, 402, 128), "axis": 4, "lifetime": "turn", "install": "carry", "retention": HeadTail(head=302, tail=100), "site": 'stream_cache["estimator_att_cache"]'},
         # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
-        "estimator_cnn": {
-            "shape": (10, 16, 2, 1024, 2),
-            "lifetime": "turn",
-            "install": "allocate",
-            "site": "flow.decoder.cnn_cache_buffer",
-        },
+        "estimator_cnn": {"shape": (10, 16, 2, 1024, 2), "lifetime": "turn", "install": "allocate", "site": "flow.decoder.cnn_cache_buffer"},
         # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
-        "solver_workspace": {
-            "shape": (10, 16, 2, 8, 458, 128),
-            "axis": 4,
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.att_cache_buffer",
-        },
+        "solver_workspace": {"shape": (10, 16, 2, 8, 458, 128), "axis": 4, "lifetime": "operator", "install": "allocate", "site": "flow.decoder.att_cache_buffer"},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # decode: width 7 (bound |Q|*prod K*|A| = 7)
     "decode": CatalogDecl(
@@ -102,19 +78,23 @@ CATALOG = {
                 TensorSpec((1, 1, 21120), torch.float32),
                 TensorSpec((1, 1, 21600), torch.float32),
                 TensorSpec((1, 1, 24960), torch.float32),
+                pick_as=0,
             ),
         ),
         kwargs={"finalize": OneOf(False, True)},
-        # class name: the index picked in each OneOf (x, s, finalize)
+        # class name: the index picked in each OneOf (x, finalize)
+        # one class per line, as a table
+        # fmt: off
         rows={
-            "mel_frames=13,cache_frames=16,finalize=False": (0, 0, 0),
-            "mel_frames=29,cache_frames=32,finalize=False": (1, 1, 0),
-            "mel_frames=39,cache_frames=39,finalize=True": (2, 2, 1),
-            "mel_frames=38,cache_frames=41,finalize=False": (3, 3, 0),
-            "mel_frames=44,cache_frames=47,finalize=False": (4, 4, 0),
-            "mel_frames=45,cache_frames=48,finalize=False": (5, 5, 0),
-            "mel_frames=52,cache_frames=55,finalize=False": (6, 6, 0),
+            "mel_frames=13,cache_frames=16,finalize=False": (0, 0),
+            "mel_frames=29,cache_frames=32,finalize=False": (1, 0),
+            "mel_frames=39,cache_frames=39,finalize=True": (2, 1),
+            "mel_frames=38,cache_frames=41,finalize=False": (3, 0),
+            "mel_frames=44,cache_frames=47,finalize=False": (4, 0),
+            "mel_frames=45,cache_frames=48,finalize=False": (5, 0),
+            "mel_frames=52,cache_frames=55,finalize=False": (6, 0),
         },
+        # fmt: on
     ),
     # f0_predictor: width 5 (bound |Q|*prod K*|A| = 5)
     "f0_predictor": CatalogDecl(
@@ -129,6 +109,8 @@ CATALOG = {
         ),
         kwargs={"finalize": OneOf(True, False)},
         # class name: the index picked in each OneOf (x, finalize)
+        # one class per line, as a table
+        # fmt: off
         rows={
             "f0_frames=11,finalize=True": (0, 0),
             "f0_frames=13,finalize=False": (1, 1),
@@ -136,6 +118,7 @@ CATALOG = {
             "f0_frames=19,finalize=False": (3, 1),
             "f0_frames=27,finalize=False": (4, 1),
         },
+        # fmt: on
     ),
     # flow_chunk: width 6 (bound |Q|*prod K*|A| = 6)
     "flow_chunk": CatalogDecl(
@@ -150,24 +133,25 @@ CATALOG = {
                     TensorSpec((10, 1, 8, 402, 128), torch.float32),
                 ),
                 "estimator_cnn_cache": RegionView("estimator_cnn"),
-                "estimator_att_cache": OneOf(
-                    RegionView("estimator_carry", 302),
-                    RegionView("estimator_carry", 352),
-                    RegionView("estimator_carry", 402),
+                "estimator_att_cache": RegionViews(
+                    "estimator_carry", range(302, 452, 50), pick_as=0
                 ),
             },
             "last_chunk": OneOf(False, True),
             "n_timesteps": 10,
         },
-        # class name: the index picked in each OneOf (cache["conformer_att_cache"], cache["estimator_att_cache"], last_chunk)
+        # class name: the index picked in each OneOf (cache["conformer_att_cache"], last_chunk)
+        # one class per line, as a table
+        # fmt: off
         rows={
-            "estimator_carry=302,n_timesteps=10,last_chunk=False": (0, 0, 0),
-            "estimator_carry=302,n_timesteps=10,last_chunk=True": (0, 0, 1),
-            "estimator_carry=352,n_timesteps=10,last_chunk=False": (1, 1, 0),
-            "estimator_carry=352,n_timesteps=10,last_chunk=True": (1, 1, 1),
-            "estimator_carry=402,n_timesteps=10,last_chunk=False": (2, 2, 0),
-            "estimator_carry=402,n_timesteps=10,last_chunk=True": (2, 2, 1),
+            "estimator_carry=302,n_timesteps=10,last_chunk=False": (0, 0),
+            "estimator_carry=302,n_timesteps=10,last_chunk=True": (0, 1),
+            "estimator_carry=352,n_timesteps=10,last_chunk=False": (1, 0),
+            "estimator_carry=352,n_timesteps=10,last_chunk=True": (1, 1),
+            "estimator_carry=402,n_timesteps=10,last_chunk=False": (2, 0),
+            "estimator_carry=402,n_timesteps=10,last_chunk=True": (2, 1),
         },
+        # fmt: on
     ),
 }
 

@@ -34,42 +34,24 @@ DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 # every region shares, then each region's own.
 REGIONS = RegionTable(
     common={"dtype": torch.float32, "mutability": "mutable"},
+    # one region per line, as a table
+    # fmt: off
     rows={
         # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-        "dit_cnn": {
-            "shape": (16, 2, 1024, 2),
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.estimator.cnn_cache_buffer",
-        },
+        "dit_cnn": {"shape": (16, 2, 1024, 2), "lifetime": "operator", "install": "allocate", "site": "flow.decoder.estimator.cnn_cache_buffer"},
         # dit_workspace: 125.00 MiB (stock 125.00 MiB, rho 1.0)
-        "dit_workspace": {
-            "shape": (16, 2, 8, 1000, 128),
-            "axis": 3,
-            "lifetime": "session",
-            "install": "stock",
-            "site": "flow.decoder.estimator.att_cache_buffer",
-        },
+        "dit_workspace": {"shape": (16, 2, 8, 1000, 128), "axis": 3, "lifetime": "session", "install": "stock", "site": "flow.decoder.estimator.att_cache_buffer"},
         # estimator_cnn: 4.00 MiB (stock 4.00 MiB, rho 1.0)
-        "estimator_cnn": {
-            "shape": (16, 16, 2, 1024, 2),
-            "lifetime": "session",
-            "install": "stock",
-            "site": "flow.decoder.cnn_cache_buffer",
-        },
+        "estimator_cnn": {"shape": (16, 16, 2, 1024, 2), "lifetime": "session", "install": "stock", "site": "flow.decoder.cnn_cache_buffer"},
         # solver_workspace: 2000.00 MiB (stock 2000.00 MiB, rho 1.0)
-        "solver_workspace": {
-            "shape": (16, 16, 2, 8, 1000, 128),
-            "axis": 4,
-            "lifetime": "session",
-            "install": "stock",
-            "site": "flow.decoder.att_cache_buffer",
-        },
+        "solver_workspace": {"shape": (16, 16, 2, 8, 1000, 128), "axis": 4, "lifetime": "session", "install": "stock", "site": "flow.decoder.att_cache_buffer"},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # flow_chunk: width 4 (bound |Q|*prod K*|A| = 8)
     "flow_chunk": CatalogDecl(
@@ -111,21 +93,34 @@ CATALOG = {
             "n_timesteps": 10,
         },
         # class name: the index picked in each OneOf (cache["conformer_att_cache"], cache["estimator_att_cache"])
+        # one class per line, as a table
+        # fmt: off
         rows={
             "n_timesteps=10,t_att=402,row=402,last_chunk=False,frames=50": (0, 0),
             "n_timesteps=10,t_att=302,row=1000,last_chunk=False,frames=50": (1, 1),
             "n_timesteps=10,t_att=352,row=1000,last_chunk=False,frames=50": (2, 2),
             "n_timesteps=10,t_att=402,row=1000,last_chunk=False,frames=50": (0, 3),
         },
+        # fmt: on
     ),
     # vocoder: width 2 (bound |Q|*prod K*|A| = 3)
     "vocoder": CatalogDecl(
         args=(
             OneOf(TensorSpec((1, 80, 50), torch.float32), TensorSpec((1, 80, 58), torch.float32)),
-            OneOf(TensorSpec((1, 1, 0), torch.float32), TensorSpec((1, 1, 3840), torch.float32)),
+            OneOf(
+                TensorSpec((1, 1, 0), torch.float32),
+                TensorSpec((1, 1, 3840), torch.float32),
+                pick_as=0,
+            ),
         ),
-        # class name: the index picked in each OneOf (speech_feat, cache_source)
-        rows={"mel_frames=50,source_len=0": (0, 0), "mel_frames=58,source_len=3840": (1, 1)},
+        # class name: the index picked in each OneOf (speech_feat)
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "mel_frames=50,source_len=0": (0,),
+            "mel_frames=58,source_len=3840": (1,),
+        },
+        # fmt: on
     ),
 }
 

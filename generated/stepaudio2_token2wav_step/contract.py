@@ -37,68 +37,28 @@ DETERMINISM = {"cudnn.benchmark": False, "cudnn.deterministic": True}
 # every region shares, then each region's own.
 REGIONS = RegionTable(
     common={"dtype": torch.float32, "mutability": "mutable"},
+    # one region per line, as a table
+    # fmt: off
     rows={
         # conformer_carry: 15.70 MiB (stock 15.70 MiB, rho 1.0); attended [302, 352, 402]
-        "conformer_carry": {
-            "shape": (10, 1, 8, 700, 128),
-            "axis": 3,
-            "lifetime": "turn",
-            "install": "carry",
-            "retention": HeadTail(head=302, tail=100),
-            "site": 'stream_cache["conformer_att_cache"]',
-            "shift": (("f_prompt", 1),),
-            "retention_shift": ((("f_prompt", 1),), ()),
-            "shape_shift": ((), (), (), (("f_prompt", 1),), ()),
-        },
+        "conformer_carry": {"shape": (10, 1, 8, 700, 128), "axis": 3, "lifetime": "turn", "install": "carry", "retention": HeadTail(head=302, tail=100), "site": 'stream_cache["conformer_att_cache"]', "shift": (("f_prompt", 1),), "retention_shift": ((("f_prompt", 1),), ()), "shape_shift": ((), (), (), (("f_prompt", 1),), ())},
         # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
-        "dit_cnn": {
-            "shape": (16, 2, 1024, 2),
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.estimator.cnn_cache_buffer",
-        },
+        "dit_cnn": {"shape": (16, 2, 1024, 2), "lifetime": "operator", "install": "allocate", "site": "flow.decoder.estimator.cnn_cache_buffer"},
         # dit_workspace: 57.25 MiB (stock 125.00 MiB, rho 2.183)
-        "dit_workspace": {
-            "shape": (16, 2, 8, 756, 128),
-            "axis": 3,
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.estimator.att_cache_buffer",
-            "shape_shift": ((), (), (), (("f_prompt", 1),), ()),
-        },
+        "dit_workspace": {"shape": (16, 2, 8, 756, 128), "axis": 3, "lifetime": "operator", "install": "allocate", "site": "flow.decoder.estimator.att_cache_buffer", "shape_shift": ((), (), (), (("f_prompt", 1),), ())},
         # estimator_carry: 502.50 MiB (stock 804.00 MiB, rho 1.6); attended [302, 352, 402]
-        "estimator_carry": {
-            "shape": (10, 16, 2, 8, 700, 128),
-            "axis": 4,
-            "lifetime": "turn",
-            "install": "carry",
-            "retention": HeadTail(head=302, tail=100),
-            "site": 'stream_cache["estimator_att_cache"]',
-            "shift": (("f_prompt", 1),),
-            "retention_shift": ((("f_prompt", 1),), ()),
-            "shape_shift": ((), (), (), (), (("f_prompt", 1),), ()),
-        },
+        "estimator_carry": {"shape": (10, 16, 2, 8, 700, 128), "axis": 4, "lifetime": "turn", "install": "carry", "retention": HeadTail(head=302, tail=100), "site": 'stream_cache["estimator_att_cache"]', "shift": (("f_prompt", 1),), "retention_shift": ((("f_prompt", 1),), ()), "shape_shift": ((), (), (), (), (("f_prompt", 1),), ())},
         # estimator_cnn: 2.50 MiB (stock 4.00 MiB, rho 1.6)
-        "estimator_cnn": {
-            "shape": (10, 16, 2, 1024, 2),
-            "lifetime": "turn",
-            "install": "allocate",
-            "site": "flow.decoder.cnn_cache_buffer",
-        },
+        "estimator_cnn": {"shape": (10, 16, 2, 1024, 2), "lifetime": "turn", "install": "allocate", "site": "flow.decoder.cnn_cache_buffer"},
         # solver_workspace: 572.50 MiB (stock 2000.00 MiB, rho 3.493)
-        "solver_workspace": {
-            "shape": (10, 16, 2, 8, 756, 128),
-            "axis": 4,
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "flow.decoder.att_cache_buffer",
-            "shape_shift": ((), (), (), (), (("f_prompt", 1),), ()),
-        },
+        "solver_workspace": {"shape": (10, 16, 2, 8, 756, 128), "axis": 4, "lifetime": "operator", "install": "allocate", "site": "flow.decoder.att_cache_buffer", "shape_shift": ((), (), (), (), (("f_prompt", 1),), ())},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # estimator_step: width 30 (bound |Q|*prod K*|A| = 60)
     "estimator_step": CatalogDecl(
@@ -154,6 +114,8 @@ CATALOG = {
             ),
         },
         # class name: the index picked in each OneOf (cnn_cache, att_cache)
+        # one class per line, as a table
+        # fmt: off
         rows={
             "estimator_carry=302,i=0,frames=50": (0, 0),
             "estimator_carry=302,i=1,frames=50": (1, 1),
@@ -186,6 +148,7 @@ CATALOG = {
             "estimator_carry=402,i=8,frames=50": (8, 28),
             "estimator_carry=402,i=9,frames=50": (9, 29),
         },
+        # fmt: on
     ),
     # flow_chunk: left eager: declared `mode eager`
     "flow_chunk": (),

@@ -39,22 +39,22 @@ REGIONS = RegionTable(
         "mutability": "mutable",
         "install": "stock",
     },
+    # one region per line, as a table
+    # fmt: off
     rows={
         # dit_cnn: 0.25 MiB (stock 0.25 MiB, rho 1.0)
         "dit_cnn": {"shape": (16, 2, 1024, 2), "site": "flow.decoder.estimator.cnn_cache_buffer"},
         # dit_workspace: 125.00 MiB (stock 125.00 MiB, rho 1.0)
-        "dit_workspace": {
-            "shape": (16, 2, 8, 1000, 128),
-            "axis": 3,
-            "site": "flow.decoder.estimator.att_cache_buffer",
-        },
+        "dit_workspace": {"shape": (16, 2, 8, 1000, 128), "axis": 3, "site": "flow.decoder.estimator.att_cache_buffer"},
         # estimator_cnn: 4.00 MiB (stock 4.00 MiB, rho 1.0)
         "estimator_cnn": {"shape": (16, 16, 2, 1024, 2), "site": "flow.decoder.cnn_cache_buffer"},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # estimator_step: width 40 (bound |Q|*prod K*|A| = 80)
     "estimator_step": CatalogDecl(
@@ -92,6 +92,8 @@ CATALOG = {
             ),
         },
         # class name: the index picked in each OneOf (cnn_cache, att_cache)
+        # one class per line, as a table
+        # fmt: off
         rows={
             "i=0,t_att=402,row=402,frames=50": (0, 0),
             "i=0,t_att=302,row=1000,frames=50": (0, 1),
@@ -134,6 +136,7 @@ CATALOG = {
             "i=9,t_att=352,row=1000,frames=50": (9, 2),
             "i=9,t_att=402,row=1000,frames=50": (9, 3),
         },
+        # fmt: on
     ),
 }
 

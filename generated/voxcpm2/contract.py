@@ -37,142 +37,79 @@ REGIONS = RegionTable(
         "install": "pinned",
         "initial": "zeros",
     },
+    # one region per line, as a table
+    # fmt: off
     rows={
         # in_pad: 0.00 MiB (stock 0.00 MiB, rho 1.667)
         "in_pad": {"shape": (1, 64, 6), "site": "stream._states[id(vae.decoder.model[0])]"},
         # out_pad: 0.00 MiB (stock 0.94 MiB, rho 1280.0)
         "out_pad": {"shape": (1, 32, 6), "site": "stream._states[id(vae.decoder.model[9])]"},
         # up1_ctx: 0.01 MiB (stock 0.03 MiB, rho 4.0)
-        "up1_ctx": {
-            "shape": (1, 2048, 1),
-            "site": "stream._states[id(vae.decoder.model[2].block[1])]",
-        },
+        "up1_ctx": {"shape": (1, 2048, 1), "site": "stream._states[id(vae.decoder.model[2].block[1])]"},
         # up1_res1: 0.02 MiB (stock 0.12 MiB, rho 5.333)
-        "up1_res1": {
-            "shape": (1, 1024, 6),
-            "site": "stream._states[id(vae.decoder.model[2].block[2].block[1])]",
-        },
+        "up1_res1": {"shape": (1, 1024, 6), "site": "stream._states[id(vae.decoder.model[2].block[2].block[1])]"},
         # up1_res3: 0.07 MiB (stock 0.12 MiB, rho 1.778)
-        "up1_res3": {
-            "shape": (1, 1024, 18),
-            "site": "stream._states[id(vae.decoder.model[2].block[3].block[1])]",
-        },
+        "up1_res3": {"shape": (1, 1024, 18), "site": "stream._states[id(vae.decoder.model[2].block[3].block[1])]"},
         # up1_res9: 0.21 MiB (stock 0.34 MiB, rho 1.593)
-        "up1_res9": {
-            "shape": (1, 1024, 54),
-            "site": "stream._states[id(vae.decoder.model[2].block[4].block[1])]",
-        },
+        "up1_res9": {"shape": (1, 1024, 54), "site": "stream._states[id(vae.decoder.model[2].block[4].block[1])]"},
         # up2_ctx: 0.00 MiB (stock 0.12 MiB, rho 32.0)
-        "up2_ctx": {
-            "shape": (1, 1024, 1),
-            "site": "stream._states[id(vae.decoder.model[3].block[1])]",
-        },
+        "up2_ctx": {"shape": (1, 1024, 1), "site": "stream._states[id(vae.decoder.model[3].block[1])]"},
         # up2_res1: 0.01 MiB (stock 0.38 MiB, rho 32.0)
-        "up2_res1": {
-            "shape": (1, 512, 6),
-            "site": "stream._states[id(vae.decoder.model[3].block[2].block[1])]",
-        },
+        "up2_res1": {"shape": (1, 512, 6), "site": "stream._states[id(vae.decoder.model[3].block[2].block[1])]"},
         # up2_res3: 0.04 MiB (stock 0.38 MiB, rho 10.667)
-        "up2_res3": {
-            "shape": (1, 512, 18),
-            "site": "stream._states[id(vae.decoder.model[3].block[3].block[1])]",
-        },
+        "up2_res3": {"shape": (1, 512, 18), "site": "stream._states[id(vae.decoder.model[3].block[3].block[1])]"},
         # up2_res9: 0.11 MiB (stock 0.38 MiB, rho 3.556)
-        "up2_res9": {
-            "shape": (1, 512, 54),
-            "site": "stream._states[id(vae.decoder.model[3].block[4].block[1])]",
-        },
+        "up2_res9": {"shape": (1, 512, 54), "site": "stream._states[id(vae.decoder.model[3].block[4].block[1])]"},
         # up3_ctx: 0.00 MiB (stock 0.38 MiB, rho 192.0)
-        "up3_ctx": {
-            "shape": (1, 512, 1),
-            "site": "stream._states[id(vae.decoder.model[4].block[1])]",
-        },
+        "up3_ctx": {"shape": (1, 512, 1), "site": "stream._states[id(vae.decoder.model[4].block[1])]"},
         # up3_res1: 0.01 MiB (stock 0.94 MiB, rho 160.0)
-        "up3_res1": {
-            "shape": (1, 256, 6),
-            "site": "stream._states[id(vae.decoder.model[4].block[2].block[1])]",
-        },
+        "up3_res1": {"shape": (1, 256, 6), "site": "stream._states[id(vae.decoder.model[4].block[2].block[1])]"},
         # up3_res3: 0.02 MiB (stock 0.94 MiB, rho 53.333)
-        "up3_res3": {
-            "shape": (1, 256, 18),
-            "site": "stream._states[id(vae.decoder.model[4].block[3].block[1])]",
-        },
+        "up3_res3": {"shape": (1, 256, 18), "site": "stream._states[id(vae.decoder.model[4].block[3].block[1])]"},
         # up3_res9: 0.05 MiB (stock 0.94 MiB, rho 17.778)
-        "up3_res9": {
-            "shape": (1, 256, 54),
-            "site": "stream._states[id(vae.decoder.model[4].block[4].block[1])]",
-        },
+        "up3_res9": {"shape": (1, 256, 54), "site": "stream._states[id(vae.decoder.model[4].block[4].block[1])]"},
         # up4_ctx: 0.00 MiB (stock 0.94 MiB, rho 960.0)
-        "up4_ctx": {
-            "shape": (1, 256, 1),
-            "site": "stream._states[id(vae.decoder.model[5].block[1])]",
-        },
+        "up4_ctx": {"shape": (1, 256, 1), "site": "stream._states[id(vae.decoder.model[5].block[1])]"},
         # up4_res1: 0.00 MiB (stock 0.94 MiB, rho 320.0)
-        "up4_res1": {
-            "shape": (1, 128, 6),
-            "site": "stream._states[id(vae.decoder.model[5].block[2].block[1])]",
-        },
+        "up4_res1": {"shape": (1, 128, 6), "site": "stream._states[id(vae.decoder.model[5].block[2].block[1])]"},
         # up4_res3: 0.01 MiB (stock 0.94 MiB, rho 106.667)
-        "up4_res3": {
-            "shape": (1, 128, 18),
-            "site": "stream._states[id(vae.decoder.model[5].block[3].block[1])]",
-        },
+        "up4_res3": {"shape": (1, 128, 18), "site": "stream._states[id(vae.decoder.model[5].block[3].block[1])]"},
         # up4_res9: 0.03 MiB (stock 0.94 MiB, rho 35.556)
-        "up4_res9": {
-            "shape": (1, 128, 54),
-            "site": "stream._states[id(vae.decoder.model[5].block[4].block[1])]",
-        },
+        "up4_res9": {"shape": (1, 128, 54), "site": "stream._states[id(vae.decoder.model[5].block[4].block[1])]"},
         # up5_ctx: 0.00 MiB (stock 0.94 MiB, rho 1920.0)
-        "up5_ctx": {
-            "shape": (1, 128, 1),
-            "site": "stream._states[id(vae.decoder.model[6].block[1])]",
-        },
+        "up5_ctx": {"shape": (1, 128, 1), "site": "stream._states[id(vae.decoder.model[6].block[1])]"},
         # up5_res1: 0.00 MiB (stock 0.94 MiB, rho 640.0)
-        "up5_res1": {
-            "shape": (1, 64, 6),
-            "site": "stream._states[id(vae.decoder.model[6].block[2].block[1])]",
-        },
+        "up5_res1": {"shape": (1, 64, 6), "site": "stream._states[id(vae.decoder.model[6].block[2].block[1])]"},
         # up5_res3: 0.00 MiB (stock 0.94 MiB, rho 213.333)
-        "up5_res3": {
-            "shape": (1, 64, 18),
-            "site": "stream._states[id(vae.decoder.model[6].block[3].block[1])]",
-        },
+        "up5_res3": {"shape": (1, 64, 18), "site": "stream._states[id(vae.decoder.model[6].block[3].block[1])]"},
         # up5_res9: 0.01 MiB (stock 0.94 MiB, rho 71.111)
-        "up5_res9": {
-            "shape": (1, 64, 54),
-            "site": "stream._states[id(vae.decoder.model[6].block[4].block[1])]",
-        },
+        "up5_res9": {"shape": (1, 64, 54), "site": "stream._states[id(vae.decoder.model[6].block[4].block[1])]"},
         # up6_ctx: 0.00 MiB (stock 0.94 MiB, rho 3840.0)
-        "up6_ctx": {
-            "shape": (1, 64, 1),
-            "site": "stream._states[id(vae.decoder.model[7].block[1])]",
-        },
+        "up6_ctx": {"shape": (1, 64, 1), "site": "stream._states[id(vae.decoder.model[7].block[1])]"},
         # up6_res1: 0.00 MiB (stock 0.94 MiB, rho 1280.0)
-        "up6_res1": {
-            "shape": (1, 32, 6),
-            "site": "stream._states[id(vae.decoder.model[7].block[2].block[1])]",
-        },
+        "up6_res1": {"shape": (1, 32, 6), "site": "stream._states[id(vae.decoder.model[7].block[2].block[1])]"},
         # up6_res3: 0.00 MiB (stock 0.94 MiB, rho 426.667)
-        "up6_res3": {
-            "shape": (1, 32, 18),
-            "site": "stream._states[id(vae.decoder.model[7].block[3].block[1])]",
-        },
+        "up6_res3": {"shape": (1, 32, 18), "site": "stream._states[id(vae.decoder.model[7].block[3].block[1])]"},
         # up6_res9: 0.01 MiB (stock 0.94 MiB, rho 142.222)
-        "up6_res9": {
-            "shape": (1, 32, 54),
-            "site": "stream._states[id(vae.decoder.model[7].block[4].block[1])]",
-        },
+        "up6_res9": {"shape": (1, 32, 54), "site": "stream._states[id(vae.decoder.model[7].block[4].block[1])]"},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # decode: width 1 (bound |Q|*prod K*|A| = 1)
     "decode": CatalogDecl(
         args=(TensorSpec((1, 64, 4), torch.float32),),
         # class name (every leaf is shared)
-        rows={"-": ()},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "-": (),
+        },
+        # fmt: on
     ),
 }
 

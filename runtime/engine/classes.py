@@ -103,14 +103,27 @@ class CaptureClass:
 @dataclass(frozen=True, init=False)
 class OneOf:
     """A leaf of a catalog's argument structure that differs between its classes: each
-    class (row of a ``CatalogDecl``) picks one of ``choices`` by index."""
+    class (row of a ``CatalogDecl``) picks one of ``choices`` by index. With ``pick_as=j``
+    it picks, in every class, the index the ``j``-th varying leaf (in traversal order)
+    picked, and the rows leave it out: leaves that move together are one column."""
 
     choices: tuple
+    pick_as: int | None
 
-    def __init__(self, *choices: Any) -> None:
+    def __init__(self, *choices: Any, pick_as: int | None = None) -> None:
         if len(choices) < 2:
             raise ValueError("OneOf needs at least two choices (one is a plain leaf)")
+        if pick_as is not None and not (type(pick_as) is int and pick_as >= 0):
+            raise ValueError(f"pick_as must be a leaf's position (an int >= 0), got {pick_as!r}")
         object.__setattr__(self, "choices", choices)
+        object.__setattr__(self, "pick_as", pick_as)
+
+
+def RegionViews(region: str, *extents: int | range, pick_as: int | None = None) -> OneOf:
+    """``OneOf(RegionView(region, e), ...)`` over the extents, in order; a ``range``
+    stands for each of its extents (a catalog of 126 extents is one line)."""
+    flat = [e for x in extents for e in (x if isinstance(x, range) else (x,))]
+    return OneOf(*(RegionView(region, e) for e in flat), pick_as=pick_as)
 
 
 class CatalogDecl(Sequence[CaptureClass]):
@@ -147,14 +160,21 @@ class CatalogDecl(Sequence[CaptureClass]):
 def _expand(name: str, picks: tuple[int, ...], args: tuple, kwargs: Mapping) -> CaptureClass:
     """The class `name`: the structure with its `OneOf` leaves replaced by its picks."""
     remaining = list(picks)
+    picked: list[int] = []  # every varying leaf's index so far, in traversal order
 
     def fill(x: Any) -> Any:
         if isinstance(x, OneOf):
-            if not remaining:
+            if x.pick_as is not None:
+                if x.pick_as >= len(picked):
+                    raise ValueError(f"class {name}: pick_as={x.pick_as} before that leaf")
+                i = picked[x.pick_as]
+            elif not remaining:
                 raise ValueError(f"class {name}: {len(picks)} picks for more leaves that vary")
-            i = remaining.pop(0)
+            else:
+                i = remaining.pop(0)
             if not (type(i) is int and 0 <= i < len(x.choices)):
                 raise ValueError(f"class {name}: pick {i!r} of {len(x.choices)} choices")
+            picked.append(i)
             return x.choices[i]
         if type(x) in (tuple, list):
             return type(x)(fill(i) for i in x)

@@ -34,53 +34,46 @@ DETERMINISM = {}
 # sessions on (session i at index i; DECLARED.at_width(W) gives the stacked shapes).
 REGIONS = RegionTable(
     common={"mutability": "mutable"},
+    # one region per line, as a table
+    # fmt: off
     rows={
         # first: 0.00 MiB
-        "first": {
-            "dtype": torch.bool,
-            "shape": (1,),
-            "lifetime": "session",
-            "install": "pinned",
-            "site": 'flags["first"]',
-            "slot": 0,
-        },
+        "first": {"dtype": torch.bool, "shape": (1,), "lifetime": "session", "install": "pinned", "site": 'flags["first"]', "slot": 0},
         # kv: 0.00 MiB; attended [6]
-        "kv": {
-            "dtype": torch.float32,
-            "shape": (2, 1, 6, 16),
-            "axis": 2,
-            "lifetime": "session",
-            "install": "carry",
-            "retention": Ring(capacity=6),
-            "site": 'state["kv"]',
-            "slot": 1,
-        },
+        "kv": {"dtype": torch.float32, "shape": (2, 1, 6, 16), "axis": 2, "lifetime": "session", "install": "carry", "retention": Ring(capacity=6), "site": 'state["kv"]', "slot": 1},
         # table: 0.00 MiB
-        "table": {
-            "dtype": torch.float32,
-            "shape": (16,),
-            "lifetime": "process",
-            "install": "allocate",
-            "site": "table",
-        },
+        "table": {"dtype": torch.float32, "shape": (16,), "lifetime": "process", "install": "allocate", "site": "table"},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # decode: width 2 (bound |Q|*prod K*|A| = 2)
     "decode": CatalogDecl(
         args=(TensorSpec((1, 8, 1), torch.int64, stride=(9, 1, 1), offset=1),),
         kwargs={"final": OneOf(False, True)},
         # class name: the index picked in each OneOf (final)
-        rows={"final=False": (0,), "final=True": (1,)},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "final=False": (0,),
+            "final=True": (1,),
+        },
+        # fmt: on
     ),
     # encode: width 1 (bound |Q|*prod K*|A| = 1)
     "encode": CatalogDecl(
         args=(TensorSpec((1, 4, 16), torch.float32),),
         # class name (every leaf is shared)
-        rows={"-": ()},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "-": (),
+        },
+        # fmt: on
     ),
 }
 

@@ -16,10 +16,9 @@ from duplexcadence.runtime import (
     ContractDecl,
     Effect,
     HeadTail,
-    OneOf,
     ParamDecl,
     RegionTable,
-    RegionView,
+    RegionViews,
     Retains,
     TensorSpec,
 )
@@ -41,49 +40,45 @@ REGIONS = RegionTable(
         "mutability": "mutable",
         "shape_shift": ((), (("f_head", 1),), ()),
     },
+    # one region per line, as a table
+    # fmt: off
     rows={
         # kv: 0.00 MiB (stock 0.01 MiB, rho 4.571); attended [6, 10, 14]
-        "kv": {
-            "shape": (2, 18, 16),
-            "lifetime": "turn",
-            "install": "carry",
-            "retention": HeadTail(head=6, tail=8),
-            "site": 'state["kv"]',
-            "shift": (("f_head", 1),),
-            "retention_shift": ((("f_head", 1),), ()),
-        },
+        "kv": {"shape": (2, 18, 16), "lifetime": "turn", "install": "carry", "retention": HeadTail(head=6, tail=8), "site": 'state["kv"]', "shift": (("f_head", 1),), "retention_shift": ((("f_head", 1),), ())},
         # scratch: 0.00 MiB (stock 0.01 MiB, rho 3.2)
-        "scratch": {
-            "shape": (2, 24, 16),
-            "lifetime": "operator",
-            "install": "allocate",
-            "site": "scratch",
-        },
+        "scratch": {"shape": (2, 24, 16), "lifetime": "operator", "install": "allocate", "site": "scratch"},
     },
+    # fmt: on
 )
 
 # One capture class per exact signature, in capture order: the arguments every class
-# shares, each leaf that differs as OneOf(its values), then one row per class.
+# shares, each leaf that differs as OneOf(its values; RegionViews: one region's views at
+# those extents; pick_as=j: the index the j-th such leaf picks), then one row per class.
 CATALOG = {
     # noisy: width 1 (bound |Q|*prod K*|A| = 1)
     "noisy": CatalogDecl(
         args=(TensorSpec((1, 4), torch.float32),),
         # class name (every leaf is shared)
-        rows={"-": ()},
+        # one class per line, as a table
+        # fmt: off
+        rows={
+            "-": (),
+        },
+        # fmt: on
     ),
     # step: width 3 (bound |Q|*prod K*|A| = 6)
     "step": CatalogDecl(
         args=(TensorSpec((1, 4, 16), torch.float32),),
-        kwargs={
-            "cache": OneOf(RegionView("kv", 6), RegionView("kv", 10), RegionView("kv", 14)),
-            "final": False,
-        },
+        kwargs={"cache": RegionViews("kv", range(6, 18, 4)), "final": False},
         # class name: the index picked in each OneOf (cache)
+        # one class per line, as a table
+        # fmt: off
         rows={
             "kv=6,final=False,n=4": (0,),
             "kv=10,final=False,n=4": (1,),
             "kv=14,final=False,n=4": (2,),
         },
+        # fmt: on
     ),
 }
 
