@@ -1,7 +1,7 @@
 """Cells and the worker ``Run`` shared by the one-callable streaming decoders (issue 15):
 VoxCPM2's AudioVAE (``bench/voxcpm2.py``) and Qwen3-Omni Code2Wav
-(``bench/qwen3_code2wav.py``), and by one encoder, Mimi's (``bench/mimi_encoder.py``:
-its step yields codes, not PCM).
+(``bench/qwen3_code2wav.py``), and by transformers' Mimi encoder and decoder
+(``bench/transformers_mimi.py``: the encoder's step yields codes, not PCM).
 
 Each driver declares a ``Decoder``: how to build the released model (seeded random
 weights), how to open its stock stream (``step()`` -> one chunk's float32 PCM, the

@@ -1,16 +1,16 @@
-"""transformers 4.57.6 Mimi's streaming encoder under contracts/mimi_encoder.clock, on
-the CPU with the simulate backend (a replay re-executes the captured tensor program, no
-Python): the vendor's cache objects are the call's object arguments, layer 0's
-``cumulative_length`` a staged counter. 40 frames, every code and every state tensor
-bit-identical to a stock stream whose state the vendor made itself (two of them first:
-the reference reproduces itself)."""
+"""transformers 4.57.6 Mimi's streaming encoder and frame-by-frame decoder under
+contracts/mimi_encoder.clock and mimi_decoder.clock, on the CPU with the simulate backend
+(a replay re-executes the captured tensor program, no Python): the vendor's cache objects
+are the call's object arguments, layer 0's ``cumulative_length`` a staged counter. 40
+frames, every output and every state tensor bit-identical to a stock stream whose state
+the vendor made itself (two of them first: the reference reproduces itself)."""
 
 import pytest
 import torch
 
 from real_models import one_intra_op_thread  # noqa: F401  (autouse)
 
-W = pytest.importorskip("bench.workloads.mimi_encoder")
+W = pytest.importorskip("bench.workloads.transformers_mimi")
 if W.unavailable_reason() is not None:
     pytest.skip(W.unavailable_reason(), allow_module_level=True)
 
@@ -59,6 +59,24 @@ def test_the_whole_encode_replays_exactly_after_the_first_frame(model, reference
     lane = binding.lanes[0]
     assert state.cache.layers[3].keys.data_ptr() == lane.regions["k3"].data_ptr()
     assert state.padding.padding_cache[14] is lane.regions["pad14"].tensor
+
+
+def test_the_decoder_s_frame_by_frame_decode_replays_exactly(model):
+    def run(state):
+        stream = W.CodeStream(state, seed=0, n_frames=FRAMES)
+        return [stream.step() for _ in range(FRAMES)]
+
+    want = run(W.new_decoder_state(model, initialized=False))
+    again = run(W.new_decoder_state(model, initialized=False))
+    assert all(torch.equal(a, b) for a, b in zip(want, again)), "stock does not reproduce itself"
+    state = W.new_decoder_state(model)
+    binding = W.bind_adapter(state, device="cpu", backend="simulate")
+    got = run(state)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    decode = binding.stats()["callables"]["decode"]
+    # no member is made by the first call: every frame replays
+    assert decode["hits"] == FRAMES and not decode["misses"], decode
+    assert state.cache.layers[7].cumulative_length == 2 * FRAMES
 
 
 @pytest.mark.cuda

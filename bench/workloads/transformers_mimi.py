@@ -1,4 +1,4 @@
-"""Stock Mimi streaming encoder (``transformers`` 4.57.6), seeded random weights.
+"""Stock Mimi (``transformers`` 4.57.6) streaming encoder and decoder, seeded random weights.
 
 The workload is the released code of PyPI ``transformers==4.57.6`` (Apache-2.0),
 ``models/mimi``, imported from the installed distribution; nothing of it is copied here.
@@ -32,6 +32,13 @@ What this module adds around the vendor code, and nothing more:
   the carry the adapter keeps there needs the dims; ``torch.cat`` of either with the
   first keys gives the same bytes (tests/test_mimi_encoder.py checks it against a stream
   whose state the vendor made itself).
+* ``new_decoder_state(model)``: ``SimpleNamespace(mimi, cache)``, the decoder's
+  ``DynamicCache`` (the same 8 sliding-window layers), initialized the same way.
+* ``CodeStream``: seeded codes ``[1, 32, 1]`` per ``step()`` through ``model.decode(codes,
+  decoder_past_key_values=cache, return_dict=False)``, the vendor's frame-by-frame decode
+  (its transformer keeps the cache; 4.57.6's decoder convolutions keep no state, so each
+  frame's PCM is what that call returns); a step returns the frame's float32 PCM
+  ``[1, 1, 1920]`` (contracts/mimi_decoder.clock).
 * ``AudioStream``: seeded float32 audio, one 80 ms frame (1920 samples) per ``step()``
   through ``model.encode(frame, encoder_past_key_values=cache, padding_cache=padding,
   use_streaming=True, return_dict=False)``, the vendor's streaming call; a step returns
@@ -141,6 +148,18 @@ def new_stream_state(model: Any, *, initialized: bool = True) -> SimpleNamespace
     """``SimpleNamespace(mimi=model, cache, padding)``: a fresh stream's state (module
     docstring). ``initialized`` False leaves the cache as the vendor makes it (its layers
     initialized lazily by the first call): the stock reference's."""
+    cache = _new_cache(model, initialized)
+    return SimpleNamespace(mimi=model, cache=cache, padding=vendor_padding_cache(model))
+
+
+def new_decoder_state(model: Any, *, initialized: bool = True) -> SimpleNamespace:
+    """``SimpleNamespace(mimi=model, cache)``: a fresh decoder stream's state."""
+    return SimpleNamespace(mimi=model, cache=_new_cache(model, initialized))
+
+
+def _new_cache(model: Any, initialized: bool) -> Any:
+    """A ``DynamicCache(config=...)``; ``initialized``: each layer's keys and values empty
+    tensors of the layer's dims (module docstring)."""
     from transformers.cache_utils import DynamicCache
 
     cfg = model.config
@@ -153,7 +172,7 @@ def new_stream_state(model: Any, *, initialized: bool = True) -> SimpleNamespace
         for layer in cache.layers:
             layer.lazy_initialization(empty)
             layer.keys, layer.values = empty.clone(), empty.clone()
-    return SimpleNamespace(mimi=model, cache=cache, padding=vendor_padding_cache(model))
+    return cache
 
 
 def audio(seed: int, n_frames: int) -> torch.Tensor:
@@ -188,10 +207,38 @@ class AudioStream:
         return codes
 
 
+def codes(seed: int, n_frames: int) -> torch.Tensor:
+    """Seeded codes ``[1, 32, n_frames]`` int64 on the CPU (codebook 2048)."""
+    g = torch.Generator().manual_seed(subseed(seed, 2))
+    return torch.randint(0, 2048, (1, 32, n_frames), generator=g)
+
+
+class CodeStream:
+    """The vendor's frame-by-frame decode over seeded codes, one frame per ``step()``."""
+
+    def __init__(self, state: SimpleNamespace, seed: int, n_frames: int) -> None:
+        self.state = state
+        self.codes = codes(seed, n_frames).to(next(state.mimi.parameters()).device)
+        self.frame = 0
+
+    def step(self) -> torch.Tensor:
+        s, i = self.state, self.frame
+        self.frame += 1
+        with torch.no_grad():
+            pcm, _ = s.mimi.decode(
+                self.codes[..., i : i + 1].clone(),
+                decoder_past_key_values=s.cache,
+                return_dict=False,
+            )
+        return pcm
+
+
 def bind_adapter(
     state: SimpleNamespace, device: Any = None, *, capture: bool = True, backend: Any = None
 ) -> Any:
-    """Bind the generated adapter (contracts/mimi_encoder.clock) to a stream's state."""
-    from duplexcadence.generated import mimi_encoder as adapter
+    """Bind the generated adapter (contracts/mimi_encoder.clock, or mimi_decoder.clock for
+    a decoder state) to a stream's state."""
+    from duplexcadence.generated import mimi_decoder, mimi_encoder
 
+    adapter = mimi_encoder if hasattr(state, "padding") else mimi_decoder
     return adapter.bind(state, device=device, capture=capture, progress=False, backend=backend)
