@@ -6,7 +6,8 @@ for mistakes that `bind()` and replay would otherwise accept without a word:
 
   CLK506  a carry's attended stride differs from what its writer appends per call
           (the rate of the region's clock per the callable's `per` clock), so the
-          catalog holds extents the stream never reaches and misses those it does;
+          catalog holds extents the stream never reaches and misses those it does (a
+          writer: a callable that retains it, or is passed the object it is a member of);
   CLK507  a carry retained by writeback grows but declares no `attended`: only its
           full extent is captured, so every call while it grows misses;
   CLK508  regions bound to nothing (no site, no callable) and not declared `allocate
@@ -56,6 +57,10 @@ def silent_loss_warnings(
     for k in c.callables:
         for ret in k.retains:
             writers.setdefault(ret.region, []).append(k)
+        # an object argument's members: the vendor appends to them and rebinds them
+        for o in k.objects:
+            for m in o.members:
+                writers.setdefault(m, []).append(k)
     for r in c.regions:
         numbers = regions.get(r.name)
         if numbers is None or r.name not in writers or r.retention is None:

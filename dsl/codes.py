@@ -475,7 +475,7 @@ _CODES = [
         "CLK506",
         "warning",
         "attended stride off the clock",
-        "A carry's attended stride differs from what the callable retaining it appends per call (its clock's rate per the callable's `per` clock): replay misses every extent the stream reaches off the declared stride.",
+        "A carry's attended stride differs from what the callable writing it appends per call (one that retains it, or is passed the object it is a member of) (its clock's rate per the callable's `per` clock): replay misses every extent the stream reaches off the declared stride.",
     ),
     Code(
         "CLK507",

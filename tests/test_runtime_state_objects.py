@@ -130,3 +130,14 @@ def test_a_bad_object_argument_is_clk058(argument, object_site, message):
     assert not result.ok
     found = [d for d in result.diagnostics if d.code == "CLK058"]
     assert found and message in found[0].message, result.diagnostics
+
+
+def test_a_member_whose_clock_contradicts_its_stride_is_clk506():
+    # the clock says 3 tokens a call, the member's extents grow by 2: the catalog would
+    # hold extents the stream never reaches
+    source = CONTRACT.format(argument="cache", object_site="state.cache").replace(
+        "clock token = 2 per chunk", "clock token = 3 per chunk"
+    )
+    result = compile_source(source, "objects_demo.clock")
+    found = [d for d in result.diagnostics if d.code == "CLK506"]
+    assert found and "region 'kv'" in found[0].message and "3 token per chunk" in found[0].message
