@@ -238,8 +238,9 @@ def _callable(
             "mode eager: replay keys every argument the call is passed, and "
             + "; ".join(unkeyed)
             + ", so every call would miss (unkeyable_argument). Declare the argument's tensors "
-            "(a container's leaves as regions or staged arguments), or replay a callable inside "
-            "this one whose arguments are tensors and scalars."
+            "(a container's leaves as regions or staged arguments; an object the model holds "
+            "as `kwarg NAME: site PATH`, see the notes), or replay a callable inside this one "
+            "whose arguments are tensors and scalars."
         )
         comments[f"callable {cname}"] += textwrap.wrap(why, 86)
     return ir.Callable(

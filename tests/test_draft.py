@@ -138,6 +138,12 @@ def test_a_call_it_cannot_key_is_drafted_eager_with_the_reason():
     text = render_draft(trace_stream(_box_stream(), 4), source="test:box")
     assert "  mode eager" in text
     assert "mode eager: replay keys every argument" in text and "is a _Box" in text
+    # the box is the model's own object: the draft says how to declare it
+    assert (
+        "argument box is the object the model holds at box: declare it `kwarg box: site box`"
+        in text
+    )
+    assert "box.t [1, 4] rebound every call: pinned" in text
     assert not [d for d in check_source(text, "draft.clock").diagnostics if d.severity == "error"]
 
 

@@ -34,7 +34,8 @@ from typing import Any, Iterator
 import torch
 
 from ..state.sites import Step, format_path, get_at
-from .draft_host import CounterFinding, constant_results, counters
+from .draft_host import CounterFinding, constant_results, counters, held_object
+from .draft_host import shown as _shown
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,9 @@ class RecordedCall:
     autocast: str = "off"
     ints: dict = field(default_factory=dict)  # path -> host int attribute at entry
     advanced: dict = field(default_factory=dict)  # path -> how far the call moved it
+    # leaf key -> (model path, {steps inside it: tensor shape}) of an argument that is an
+    # object of the model's tree (a transformers cache), as it was at entry
+    held: dict = field(default_factory=dict)
 
 
 def _leaves(
@@ -260,6 +264,9 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
                     f"{name}: argument {_shown(key)} is neither a tensor nor a scalar "
                     f"({kind}): left out"
                 )
+                held = held_object(name, key, record)
+                if held is not None:
+                    notes.append(held)
                 finding.unkeyed.append(f"argument {_shown(key)} is a {kind}")
                 continue
             finding.args.append(arg)
@@ -293,11 +300,6 @@ def infer_findings(model, sites, names, calls, params, random, chunks) -> Trace:
             for _, v in arg_leaves(c, [])
         )
     return Trace(type(model).__name__, chunks, callables, carries, list(buffers.values()), notes)
-
-
-def _shown(key: tuple) -> str:
-    keyword, root, steps = key
-    return root + format_path(steps) if steps and steps[0][0] != "attr" else root
 
 
 def _carry(name, key, record, values, notes) -> CarryFinding | None:

@@ -211,13 +211,20 @@ def _recording(model, name, stock, params, record, chunk, recorder, device, resu
         entry = RecordedCall(
             chunk[0], args, kwargs, {}, autocast=_autocast_state(torch.device(device).type)
         )
-        _, before = _walk(model, entry.ints)
+        objects, before = _walk(model, entry.ints)
         results.before_call(before, args, kwargs)
         paths = {id(t): p for p, t in before}
         for key, leaf in arg_leaves(entry, params):
             if isinstance(leaf, torch.Tensor):
                 entry.inputs[key] = leaf.detach().clone()
                 entry.where[key] = paths.get(id(leaf))
+            elif id(leaf) in objects and objects[id(leaf)]:
+                # an object the model holds (a cache): its tensors, by steps inside it
+                at = objects[id(leaf)]
+                inside = {
+                    p[len(at) :]: (tuple(t.shape), id(t)) for p, t in before if p[: len(at)] == at
+                }
+                entry.held[key] = (at, inside)
         versions = {id(t): (p, _version(t)) for p, t in before}
         recorder.active = name
         try:
