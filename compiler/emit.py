@@ -22,6 +22,7 @@ TEMPLATES = {
 }
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
 
+
 def _literal(value: object) -> str:
     """``repr``, with str literals as black writes them (double quotes, unless the text
     has one): the region and catalog tables are written under `# fmt: off`, one row per

@@ -137,9 +137,7 @@ def lower_catalog(k: ir.Callable, classes: tuple[CatalogClass, ...], checked: Ch
 
     args = tuple(node for _, node in _typed(trees[0][0], leaf_at)) if trees else ()
     kwargs = _typed(trees[0][1], leaf_at) if trees else ()
-    rows = tuple(
-        CatalogRow(name, tuple(picks[i][r] for i in own)) for r, name in enumerate(names)
-    )
+    rows = tuple(CatalogRow(name, tuple(picks[i][r] for i in own)) for r, name in enumerate(names))
     return Catalog(args, kwargs, tuple(columns[i][0][0] for i in own), rows)
 
 

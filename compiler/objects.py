@@ -17,20 +17,15 @@ counters name the host ints; nothing else becomes part of a signature.
 
 from __future__ import annotations
 
+from duplexcadence.compiler.sites import path_key
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, error
 
 
-def _step_key(s: ir.PathStep) -> tuple:
-    value = s.value.dotted() if isinstance(s.value, ir.Path) else s.value
-    return (s.kind, value)
-
-
 def _under(site: ir.Path, prefix: ir.Path) -> bool:
     """Whether ``site`` lies strictly inside ``prefix``."""
-    if site.root != prefix.root or len(site.steps) <= len(prefix.steps):
-        return False
-    return all(_step_key(a) == _step_key(b) for a, b in zip(site.steps, prefix.steps))
+    inner, outer = path_key(site), path_key(prefix)
+    return len(inner) > len(outer) and inner[: len(outer)] == outer
 
 
 def _expand_arg(
@@ -71,9 +66,7 @@ def _expand_arg(
         )
         for r in members
     ]
-    obj = ir.StateObject(
-        arg=a.path, keyword=a.keyword, site=site, members=tuple(r.name for r in members)
-    )
+    obj = ir.StateObject(arg=a.path, site=site, members=tuple(r.name for r in members))
     return args, obj
 
 

@@ -73,7 +73,9 @@ def _attr_names(path: ir.Path, *, root_is_attr: bool) -> list[str]:
     return names
 
 
-def _key(path: ir.Path) -> Key:
+def path_key(path: ir.Path) -> Key:
+    """A path as comparable steps (the root an attribute step): equal paths, equal keys;
+    a prefix of a path, a prefix of its key."""
     return (("attr", path.root),) + tuple(
         (s.kind, s.value.dotted() if isinstance(s.value, ir.Path) else s.value) for s in path.steps
     )
@@ -133,7 +135,7 @@ def _conflicts(bound: list[tuple[str, ir.Path]]) -> list[Diagnostic]:
     prefixes: dict[Key, str] = {}  # a strict prefix of a bound site -> that site's owner
     found = []
     for what, path in bound:
-        key = _key(path)
+        key = path_key(path)
         inside = next((key[:n] for n in range(1, len(key)) if key[:n] in sites), None)
         if key in sites and not (what.startswith("counter") and sites[key].startswith("counter")):
             message = f"{what} is bound at '{path.dotted()}', already the site of {sites[key]}"
@@ -155,10 +157,10 @@ def _folds_in_bound(c: ir.Contract) -> list[Diagnostic]:
     bound site holds (bound sites inside a fold's module are fine)."""
     bound: dict[Key, str] = {}
     for what, path in _bound_sites(c):
-        bound.setdefault(_key(path), what)
+        bound.setdefault(path_key(path), what)
     found = []
     for what, path in _fold_sites(c):
-        key = _key(path)
+        key = path_key(path)
         owner = next((bound[key[:n]] for n in range(1, len(key) + 1) if key[:n] in bound), None)
         if owner is not None:
             message = f"{what} at '{path.dotted()}' lies at or inside the site of {owner}"

@@ -199,9 +199,7 @@ class ObjectArg(Node):
     site: Path
 
 
-ArgType = Annotated[
-    Union[RegionArg, TensorArg, ScalarArg, ObjectArg], Field(discriminator="kind")
-]
+ArgType = Annotated[Union[RegionArg, TensorArg, ScalarArg, ObjectArg], Field(discriminator="kind")]
 
 
 class Arg(Node):
@@ -268,8 +266,7 @@ class StateObject(Node):
     `arg` the object the model holds at `site`; `members` are the regions at sites under
     it, each now a region argument `arg["member"]`."""
 
-    arg: Path
-    keyword: bool
+    arg: Path  # a keyword argument (CLK058)
     site: Path
     members: tuple[str, ...]
 

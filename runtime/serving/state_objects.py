@@ -30,6 +30,7 @@ import torch
 from ..state.carry import CarryRegion
 from ..state.pins import pin_at
 from ..state.regions import Region
+from ..state.site_reads import SiteReads
 from ..state.sites import format_path, get_at, replace_at, set_at
 from .declared import CallableDecl
 
@@ -42,6 +43,12 @@ class BoundObjects:
     def __init__(self, decl: CallableDecl, regions: dict[str, Region], model: Any) -> None:
         self.model = model
         self.objects = [(o, [(regions[name], at) for name, at in o.members]) for o in decl.objects]
+        # every call reads each object and its members at their model sites: through one
+        # SiteReads each (the path rules checked once per chain of objects, not per read)
+        self.reads = [
+            SiteReads(model, {"": o.site, **{name: o.site + at for name, at in o.members}})
+            for o in decl.objects
+        ]
 
     def check_bound(self) -> None:
         """At bind: every carry member is a tensor on the object (a lazily initialized
@@ -63,11 +70,12 @@ class BoundObjects:
         """Replace each model-held object in ``kwargs`` by its member tensors; the
         objects replaced, with their members (for ``rebind``)."""
         replaced = []
-        for o, members in self.objects:
+        for (o, members), reads in zip(self.objects, self.reads):
             obj = get_at(kwargs, o.steps)
-            if obj is not get_at(self.model, o.site):
+            held, *values = reads.read()
+            if obj is not held:
                 continue  # a foreign object: unkeyable, so eager (counted by the engine)
-            set_at(kwargs, o.steps, {region.name: get_at(obj, at) for region, at in members})
+            set_at(kwargs, o.steps, {region.name: v for (region, _), v in zip(members, values)})
             replaced.append((obj, members))
         return replaced
 
