@@ -331,7 +331,9 @@ class FakeModel:
             ]
             node = root
             for kind, key in steps[:-1]:
-                nxt = getattr(node, key, None) if kind == "attr" else node.get(key)
+                # an attribute not set yet is absent: getattr would find a dict method
+                # of the node itself (a site through `values` or `keys`)
+                nxt = vars(node).get(key) if kind == "attr" else node.get(key)
                 if nxt is None:
                     nxt = FakeNode()
                     if kind == "attr":
