@@ -110,7 +110,13 @@ class CallableAnalysis(_Frozen):
     batch_widths: tuple[int, ...] = ()
     batch_axis: int | None = None
     batch_rows: tuple[str, ...] = ()
+    batch_blocks: tuple[int, ...] = ()  # sessions per call of each per-row op
     graphs: int = 0
+
+    def rows_shown(self) -> str:
+        """The per-row ops as written: `aten.mean.dim, aten.mm.default by 8` (or -)."""
+        shown = [op + (f" by {n}" if n > 1 else "") for op, n in zip(self.batch_rows, self.batch_blocks)]
+        return ", ".join(shown) or "-"
 
 
 class Analysis(_Frozen):
@@ -355,6 +361,7 @@ def analyse_callable(
         batch_widths=batch_widths,
         batch_axis=k.batch.axis if k.batch is not None else None,
         batch_rows=k.batch.rows if k.batch is not None else (),
+        batch_blocks=k.batch.row_blocks() if k.batch is not None else (),
         graphs=graphs,
     )
 

@@ -81,6 +81,15 @@ class BatchRules:
                     "(`aten.<op>` or `aten.<op>.<overload>`, e.g. `aten.mean.dim`)",
                     b.row_spans[i] if i < len(b.row_spans) else span,
                 )
+        for i, (op, n) in enumerate(zip(b.rows, b.row_blocks())):
+            if n < 1 or any(w % n for w in b.widths):
+                self.err(
+                    "CLK106",
+                    f"per-row op '{op}' of callable '{k.name}' runs on blocks of {n} "
+                    f"sessions, which does not divide every batch width "
+                    f"({_listed(list(b.widths))}): `by N` needs N >= 1 dividing each width",
+                    b.row_spans[i] if i < len(b.row_spans) else span,
+                )
         if b.rows and b.axis != 0:
             # PerRow (runtime/engine/per_row.py) splits an op's tensors on their leading
             # axis into W blocks: a session's block is leading only when sessions stack

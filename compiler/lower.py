@@ -258,7 +258,12 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         objects=_objects(k, regions),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
         batch=(
-            Batch(analysis.batch_widths, analysis.batch_axis, analysis.batch_rows)
+            Batch(
+                analysis.batch_widths,
+                analysis.batch_axis,
+                analysis.batch_rows,
+                analysis.batch_blocks,
+            )
             if analysis.batch_widths
             else None
         ),

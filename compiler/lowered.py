@@ -128,6 +128,11 @@ class Batch:
     widths: tuple[int, ...]  # sorted: the runtime compares callables' widths as tuples
     axis: int
     rows: tuple[str, ...]  # ATen op names run one session at a time
+    blocks: tuple[int, ...]  # sessions per call of each (1: one at a time)
+
+    def blocks_shown(self) -> tuple[int, ...]:
+        """`blocks` as the generated code writes it: empty when every op is per row."""
+        return self.blocks if any(n != 1 for n in self.blocks) else ()
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ legend:
 _BATCH_ONLY = {
     "batch_widths": True,
     "regions": {"__all__": {"slot", "slot_bytes", "batch_bytes"}},
-    "callables": {"__all__": {"batch_widths", "batch_axis", "batch_rows", "graphs"}},
+    "callables": {"__all__": {"batch_widths", "batch_axis", "batch_rows", "batch_blocks", "graphs"}},
 }
 
 
@@ -123,7 +123,7 @@ def _lockstep_tables(a: Analysis) -> tuple[Table, Table]:
                 ", ".join(map(str, k.batch_widths)),
                 str(k.batch_axis),
                 f"{k.width} x {len(k.batch_widths)} = {k.graphs}",
-                ", ".join(k.batch_rows) or "-",
+                k.rows_shown(),
             )
     slots = Table(
         title=f"{a.contract}: slotted regions",
@@ -153,7 +153,7 @@ def catalog_and_session(a: Analysis, per_session_bytes: int) -> str:
             widths = ", ".join(map(str, k.batch_widths))
             lines.append(
                 f"    batched at widths {widths} on axis {k.batch_axis}: {k.graphs} graphs; "
-                f"per row: {', '.join(k.batch_rows) or '-'}"
+                f"per row: {k.rows_shown()}"
             )
     lines.append(
         f"{a.contract}: {per_session_bytes:,} bytes per session (regions of lifetime turn "

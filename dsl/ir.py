@@ -253,12 +253,19 @@ class Batch(Node):
     callable's clock may share one call (lockstep). `widths`: the numbers of sessions a
     batched binding may serve, each its own graphs; `axis`: the axis of every staged
     tensor argument the sessions stack on (extent 1 per session); `rows`: the ops that
-    run one session at a time inside the batched call (kernels not batch-invariant)."""
+    run one session at a time inside the batched call (kernels not batch-invariant);
+    `blocks`: per row op, the sessions it runs on at once (`rows {aten.mm.default by 8}`:
+    blocks of 8, a width where that kernel was found invariant; 1 without `by`)."""
 
     widths: tuple[int, ...]
     axis: int = 0
     rows: tuple[str, ...] = ()
+    blocks: tuple[int, ...] = ()  # one per row op (empty: every op one session at a time)
     row_spans: tuple[Span, ...] = Field(default=(), exclude=True, repr=False)  # one per row
+
+    def row_blocks(self) -> tuple[int, ...]:
+        """The sessions each row op runs on at once, one per op in `rows`."""
+        return self.blocks or (1,) * len(self.rows)
 
 
 class StateObject(Node):

@@ -189,17 +189,24 @@ class _ToIR(Transformer):
     def batch_axis(self, meta, c):
         return int(c[0])
 
+    def row_op(self, meta, c):
+        op, block = c
+        return str(op), 1 if block is None else int(block), token_span(op)
+
     def batch_rows(self, meta, c):
-        return tuple((str(x), token_span(x)) for x in c)
+        return tuple(c)
 
     def prop_batch(self, meta, c):
         # INT tokens, then the optional axis (an int or None) and rows (a tuple or None)
         *widths, axis, rows = c
+        blocks = tuple(n for _, n, _ in rows or ())
         node = ir.Batch(
             widths=tuple(int(w) for w in widths),
             axis=0 if axis is None else axis,
-            rows=tuple(op for op, _ in rows or ()),
-            row_spans=tuple(span for _, span in rows or ()),
+            rows=tuple(op for op, _, _ in rows or ()),
+            # every op one session at a time is the default: no blocks recorded
+            blocks=blocks if any(n != 1 for n in blocks) else (),
+            row_spans=tuple(span for _, _, span in rows or ()),
             span=meta_span(meta),
         )
         return _Prop("batch", node, meta_span(meta))

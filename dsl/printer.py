@@ -133,7 +133,8 @@ def _callable(k: ir.Callable) -> list[str]:
     if k.batch is not None:
         b = k.batch
         line = "  batch widths {" + ", ".join(map(str, b.widths)) + f"}} axis {b.axis}"
-        out.append(line + (" rows {" + ", ".join(b.rows) + "}" if b.rows else ""))
+        ops = [op + (f" by {n}" if n > 1 else "") for op, n in zip(b.rows, b.row_blocks())]
+        out.append(line + (" rows {" + ", ".join(ops) + "}" if b.rows else ""))
     if k.note is not None:
         out.append(f'  note "{k.note}"')
     return out + ["}"]

@@ -65,6 +65,30 @@ def test_parse_batch_and_slot():
     assert not diags and contract.callables[0].batch.rows[1] == "aten.max.dim"
 
 
+def test_a_row_op_may_run_on_blocks_of_sessions():
+    # `by 8`: the op runs on blocks of 8 sessions (invariant up to 8), printed back as
+    # written, shown in the report, and generated as one block count per op
+    text = small().replace("aten.mm.default}", "aten.mm.default by 8}")
+    contract, diags = parse(text)
+    assert not diags
+    batch = contract.callables[0].batch
+    assert batch.rows == ("aten.mean.dim", "aten.mm.default") and batch.blocks == (1, 8)
+    assert "rows {aten.mean.dim, aten.mm.default by 8}" in print_contract(contract)
+    assert parse(print_contract(contract))[0].model_dump() == contract.model_dump()
+    result = check_source(text, "small.clock")
+    assert "per row: aten.mean.dim, aten.mm.default by 8" in catalog_and_session(
+        result.analysis, 0
+    )
+    result = compile_source(text, "small.clock")
+    assert 'rows=("aten.mean.dim", "aten.mm.default"), blocks=(1, 8)' in result.files["contract.py"]
+    name, _ = import_package(result.files)
+    [step] = importlib.import_module(f"{name}.contract").DECLARED.callables
+    assert step.batch.row_ops() == {"aten.mean.dim": 1, "aten.mm.default": 8}
+    assert step.batch.rows_shown() == ["aten.mean.dim", "aten.mm.default by 8"]
+    # without `by` nothing is recorded: every op one session at a time
+    assert parse(small())[0].callables[0].batch.blocks == ()
+
+
 def test_print_parse_round_trip():
     for text in (small(), GOLDEN.read_text()):
         contract, diags = parse(text)

@@ -96,6 +96,41 @@ def test_per_row_splits_folded_rows_and_never_a_weight():
     assert torch.equal(got, torch.cat([lin(x[:3]), lin(x[3:])]))
 
 
+def test_per_row_blocks_run_the_op_on_that_many_sessions_at_once():
+    # `rows {aten.mm.default by 2}` at width 4: two calls of two sessions each (the
+    # batch-2 call's bits, where the proof found the kernel invariant up to 2)
+    lin = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(4 * 3, 8, generator=torch.Generator().manual_seed(2))
+    seen: list[tuple] = []
+
+    class Shapes(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func) == "aten.mm.default":
+                seen.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    per_row = PerRow({"aten.mm.default": 2}, 4, weight_storages(lin))
+    with Shapes(), per_row:  # the mode entered last sees the call first
+        got = lin(x)
+    assert seen == [(6, 8), (6, 8)]
+    assert torch.equal(got, torch.cat([lin(x[:6]), lin(x[6:])]))
+    with pytest.raises(ValueError, match="divide the width 4"):
+        PerRow({"aten.mm.default": 3}, 4)
+
+
+def test_per_row_finds_sessions_folded_on_a_later_axis():
+    # torch.cdist passes its rows as [1, N, D] against a codebook [1, K, D]: the sessions
+    # are on axis 1, and the codebook (K rows, not N) is never split
+    g = torch.Generator().manual_seed(3)
+    x, codebook = torch.randn(4, 8, generator=g), torch.randn(32, 8, generator=g)
+    per_row = PerRow({"aten._euclidean_dist.default", "aten._cdist_forward.default"}, 4)
+    with per_row:
+        got = torch.cdist(x[None], codebook[None])[0]
+    assert per_row.calls == 1
+    for r in range(4):
+        assert torch.equal(got[r : r + 1], torch.cdist(x[None, r : r + 1], codebook[None])[0])
+
+
 def test_a_branch_on_the_batch_size_is_a_divergence():
     m = BranchesOnBatch()
     one, many = _rows(2)

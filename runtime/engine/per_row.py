@@ -1,4 +1,4 @@
-"""PerRow: named ops run one row at a time inside a batched call.
+"""PerRow: named ops run one row (or one block of rows) at a time inside a batched call.
 
 Sessions share one batched call only where each kernel gives a row the bits it gives
 that row alone (``runtime/tools/batch_rows.py`` proves it op by op). Where a kernel
@@ -6,62 +6,91 @@ does not (measured on the H200: RMSNorm's ``aten.mean.dim`` from width 2, fp32
 convolutions and GEMMs from 2, bf16 GEMMs from 16), that op alone falls back: its
 batched arguments are split into their per-session blocks, each block runs as the
 batch-1 call (same shapes, same kernel, same bits) and the results are concatenated;
-the rest of the call stays batched. A batched binding (``bind(batch=W)``) runs its
-callables' declared ``rows`` ops this way in eager calls, warm-up and capture, so the
-captured graph holds the per-row kernels and replays them with no Python.
+the rest of the call stays batched. An op may instead run on blocks of N sessions
+(``rows {aten.mm.default by 8}``) where the proof found it invariant up to N: a bf16
+GEMM then reads its weights W/N times a call, not W times. A batched binding
+(``bind(batch=W)``) runs its callables' declared ``rows`` ops this way in eager calls,
+warm-up and capture, so the captured graph holds the per-row kernels and replays them
+with no Python.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class PerRow(TorchDispatchMode):
-    """Runs the named ops (``str(func)``, as a proof names them: ``aten.mean.dim``) one
-    row at a time: a tensor argument whose leading axis is ``width`` blocks long
-    (batch-major: ``(B, ...)`` or ``B * T`` rows folded) is split into its ``width``
-    blocks, each block's call is the batch-1 call, and the results are concatenated.
-    Weights (``weights``: their storages) are never split; an op with no batched
-    argument runs whole."""
+    """Runs the named ops (``str(func)``, as a proof names them: ``aten.mean.dim``) on
+    blocks of sessions: ``ops`` maps each op to the sessions one call of it takes (1:
+    one session at a time; a set of names means 1 for each). The op's batch axis is the
+    first axis of its first tensor argument whose extent is a multiple of ``width``
+    (sessions stack batch-major: ``(B, ...)``, ``B * T`` rows folded, or ``[1, B * T,
+    D]`` as ``torch.cdist`` passes them); every tensor argument with that extent on that
+    axis is split, each block's call is the batch-1 (or batch-N) call, and the results
+    are concatenated on it. Weights (``weights``: their storages) are never split; an op
+    with no batched argument runs whole."""
 
     def __init__(
-        self, ops: set[str] | frozenset[str], width: int, weights: set[int] = frozenset()
+        self,
+        ops: Mapping[str, int] | set[str] | frozenset[str],
+        width: int,
+        weights: set[int] = frozenset(),
     ) -> None:
         super().__init__()
         if width < 1:
             raise ValueError(f"PerRow: width must be at least 1, got {width}")
-        self.ops, self.width, self.weights = frozenset(ops), width, weights
-        self.calls = 0  # ops run per row
+        blocks = dict(ops) if isinstance(ops, Mapping) else dict.fromkeys(ops, 1)
+        bad = {op: n for op, n in blocks.items() if n < 1 or width % n}
+        if bad:
+            raise ValueError(f"PerRow: blocks {bad} must be >= 1 and divide the width {width}")
+        self.blocks, self.width, self.weights = blocks, width, weights
+        self.calls = 0  # ops run in blocks
 
-    def _batched(self, a: Any) -> bool:
+    @property
+    def ops(self) -> frozenset[str]:
+        return frozenset(self.blocks)
+
+    def _axis(self, args: tuple) -> tuple[int, int] | None:
+        """(axis, extent) the sessions stack on in this op's arguments, from its first
+        tensor argument that is not a weight; None: nothing to split."""
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() not in self.weights:
+                for d, n in enumerate(a.shape):
+                    if n > 0 and n % self.width == 0:
+                        return d, n
+                return None
+        return None
+
+    def _split(self, a: Any, axis: int, extent: int) -> bool:
         return (
             isinstance(a, torch.Tensor)
-            and a.dim() > 0
-            and a.shape[0] % self.width == 0
+            and a.dim() > axis
+            and a.shape[axis] == extent
             and a.untyped_storage().data_ptr() not in self.weights
         )
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if str(func) not in self.ops:
+        block = self.blocks.get(str(func))
+        if block is None or block == self.width:
             return func(*args, **kwargs)
-        batched = [self._batched(a) for a in args]
-        if not any(batched):
+        found = self._axis(args)
+        if found is None:
             return func(*args, **kwargs)
+        axis, extent = found
+        split = [self._split(a, axis, extent) for a in args]
         self.calls += 1
-        rows = []
-        for r in range(self.width):
-            row_args = [
-                a[r * (n := a.shape[0] // self.width) : (r + 1) * n] if b else a
-                for a, b in zip(args, batched)
-            ]
-            rows.append(func(*row_args, **kwargs))
-        if not all(isinstance(t, torch.Tensor) for t in rows):
+        n = extent // self.width * block  # elements of one block on the axis
+        parts = []
+        for start in range(0, extent, n):
+            block_args = [a.narrow(axis, start, n) if s else a for a, s in zip(args, split)]
+            parts.append(func(*block_args, **kwargs))
+        if not all(isinstance(t, torch.Tensor) for t in parts):
             raise TypeError(f"PerRow: {func} returns no tensor; it cannot run per row")
-        return torch.cat(rows)
+        return torch.cat(parts, dim=axis)
 
 
 def weight_storages(model: Any) -> set[int]:

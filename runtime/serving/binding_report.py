@@ -111,7 +111,7 @@ def _batch_stats(b: Binding) -> dict | None:
     return {
         "width": b.batch,
         "widths": list(b.decl.batch_widths),
-        "rows": {k.name: list(k.batch.rows) for k in b.decl.callables if k.batch is not None},
+        "rows": {k.name: k.batch.rows_shown() for k in b.decl.callables if k.batch is not None},
     }
 
 

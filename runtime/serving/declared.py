@@ -99,14 +99,20 @@ class RegionDecl:
 class BatchDecl:
     """``batch widths {8} axis 0 rows {aten.mean.dim}``: the slot widths a batched
     binding may have, the axis of the staged arguments sessions stack on, and the ops
-    that run one session at a time inside the batched call."""
+    that run one session at a time inside the batched call (``blocks``: per op, the
+    sessions it runs on at once, ``rows {aten.mm.default by 8}``; empty: all one)."""
 
     widths: tuple[int, ...]
     axis: int = 0
     rows: tuple[str, ...] = ()
+    blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _normalise(self, widths=tuple(self.widths), rows=tuple(self.rows))
+        _normalise(self, widths=tuple(self.widths), rows=tuple(self.rows), blocks=tuple(self.blocks))
+        if self.blocks and (
+            len(self.blocks) != len(self.rows) or any(type(n) is not int or n < 1 for n in self.blocks)
+        ):
+            raise ValueError(f"batch blocks must be one positive int per row op, got {self.blocks!r}")
         if not self.widths or any(type(w) is not int or w < 1 for w in self.widths):
             raise ValueError(f"batch widths must be positive ints, got {self.widths!r}")
         if self.axis < 0:
@@ -114,6 +120,14 @@ class BatchDecl:
         if self.rows and self.axis != 0:
             # PerRow splits on the leading axis (clockc's CLK106 says the same)
             raise ValueError(f"per-row ops need batch axis 0, got axis {self.axis}")
+
+    def row_ops(self) -> dict[str, int]:
+        """Each per-row op with the sessions it runs on at once (PerRow's ``ops``)."""
+        return dict(zip(self.rows, self.blocks or (1,) * len(self.rows)))
+
+    def rows_shown(self) -> list[str]:
+        """The per-row ops as the contract writes them (``aten.mm.default by 8``)."""
+        return [op + (f" by {n}" if n > 1 else "") for op, n in self.row_ops().items()]
 
 
 def _stacked(x: Any, axis: int, width: int, where: str) -> Any:

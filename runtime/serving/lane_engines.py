@@ -102,7 +102,7 @@ class LaneEngines:
         stock = b.stock_callables[k.name]
         retains = [(self.regions[r.region], r.steps) for r in k.retains]
         pins = [(b.decl.regions[w].site, self.regions[w]) for w in k.pins]
-        rows = k.batch.rows if b.batch > 1 and k.batch is not None else ()
+        rows = k.batch.row_ops() if b.batch > 1 and k.batch is not None else {}
         objects = self.objects.get(k.name)
 
         def body(*args: Any, **kwargs: Any) -> Any:
