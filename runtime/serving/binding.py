@@ -69,6 +69,7 @@ class Binding:
         self.eager_lock = EagerLock()  # first come first served (eager_lock.py)
         self.plain_lock = threading.RLock()  # callers without a session, one at a time
         self.pool: Any = None  # the SessionPool, once sessions are served
+        self.lockstep_pool: Any = None  # a batched binding's LockstepPool (lockstep.py)
         # sessions stacked in each batched call (bind(batch=W)) and the storages PerRow
         # never splits (the model's weights), found once at bind
         self.batch = 1
@@ -112,8 +113,9 @@ class Binding:
         """Put back the stock callables and constants bind() replaced, the weights it
         folded, and the determinism settings bind() changed. Regions stay: the stock
         buffers they replaced were released, so rebuild a model to go back to stock."""
-        if self.pool is not None:
-            self.pool.shut_down()
+        for pool in (self.pool, self.lockstep_pool):
+            if pool is not None:
+                pool.shut_down()
         while self._undo:
             obj, steps, old = self._undo.pop()
             set_at(obj, steps, old)
@@ -243,12 +245,23 @@ class Binding:
             # slots hold W sessions at once, which that swap would not keep apart
             raise RuntimeError(
                 f"binding of {self.contract} is batched ({self.batch} sessions per call): "
-                "it serves its slots' sessions in lockstep, not a session pool; bind "
-                "without batch= for a pool"
+                "it serves its slots' sessions in lockstep (binding.lockstep(step, ...)), "
+                "not a session pool; bind without batch= for a pool"
             )
         if self.pool is not None:
             raise RuntimeError(f"binding of {self.contract} already serves a session pool")
         return SessionPool(self, lanes=lanes, **kwargs)
+
+    def lockstep(self, step: Any, **kwargs: Any) -> Any:
+        """Serve this batched binding's ``batch`` slots as sessions in lockstep: a
+        ``LockstepPool`` (lockstep.py) whose ticks call ``step`` on the slots' rows
+        stacked (``reset``, ``hold``, ``gather_s``, ``timeout_s`` as there)."""
+        from duplexcadence.runtime.serving.lockstep import LockstepPool
+
+        if self.lockstep_pool is not None:
+            raise RuntimeError(f"binding of {self.contract} already serves a lockstep pool")
+        self.lockstep_pool = LockstepPool(self.batch, step, **kwargs)
+        return self.lockstep_pool
 
     # ------------------------------------------------------------- telemetry
     def stats(self) -> dict:

@@ -31,6 +31,7 @@ def binding_stats(b: Binding) -> dict:
         "folds": {f.name: f.stats() for f in b.folds},
         "site_rebinds": b.site_rebinds,
         "sessions": None if b.pool is None else b.pool.stats(),
+        "lockstep": None if b.lockstep_pool is None else b.lockstep_pool.stats(),
         "params": _params_stats(b),
         "batch": _batch_stats(b),
     }
@@ -78,8 +79,9 @@ def binding_report(b: Binding, width: int = 120) -> str:
             f"{params['capture_s']:.2f} s, {params['evictions']} eviction(s), "
             f"{params['regrows']} regrow(s) in {params['regrow_s']:.2f} s"
         )
-    if b.pool is not None:
-        lines.append(b.pool.report())
+    for pool in (b.pool, b.lockstep_pool):
+        if pool is not None:
+            lines.append(pool.report())
     return "\n".join(lines)
 
 

@@ -1,0 +1,258 @@
+"""LockstepPool: the sessions of a batched binding, one slot each, served in ticks.
+
+A batched binding (``bind(batch=W)``) calls the model with W sessions stacked on the
+batch axis, session i's state at index i of every slotted region (the vendor's own
+batched state, for a model built for W sessions). A ``LockstepPool`` gives each open
+session a slot and turns the sessions' calls, each from its own thread, into ticks:
+
+* ``session.step(x)`` hands in the session's row (leading extent 1) and blocks until
+  the tick that served it has run; it returns the session's row of the tick's outputs
+  (every tensor whose leading extent is W, sliced and cloned: the next tick reuses the
+  batched buffers);
+* a tick runs the user's ``step`` once on the W rows stacked (``torch.cat`` on axis 0):
+  the rows of the sessions that are in, and a parked row (zeros) in every other slot;
+* a tick starts when every open session is in, or ``gather_s`` after the first one
+  came in *if* the model can hold a row still (``hold(mask)``: Moshi's
+  ``set_exec_mask``, rows off keep their state); the late ones wait for the next tick.
+  Without ``hold`` a parked row would advance its slot's state on the park input, so a
+  tick waits for every open session (a slot nobody holds is still parked: its state
+  is reset when a session opens on it);
+* ``open()`` takes a free slot and calls ``reset(mask)`` on it (the vendor's
+  ``reset_streaming(reset_mask)``) between ticks; ``close()`` frees it.
+
+Exactness is the binding's: each tick is the batched graph (or its eager call) of the
+contract's lockstep, whose per-row ops give each row its batch-1 bits; a session's
+outputs are its solo run's whatever the other slots hold, when they joined or how many
+ticks it sat out (``tests/test_runtime_lockstep.py``, and the Moshi arm of
+``bench/sessions_moshi.py`` against solo stock runs). A failing tick raises in every
+session it served. ``stats()`` counts ticks, rows served and parked, and tick seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+class PoolFull(RuntimeError):
+    """Every slot of the pool holds a session."""
+
+
+@dataclass
+class _Pending:
+    row: torch.Tensor
+    done: threading.Event = field(default_factory=threading.Event)
+    out: Any = None
+    error: BaseException | None = None
+
+
+class LockstepSession:
+    """One session on one slot of a ``LockstepPool``; ``step`` from one thread at a time."""
+
+    def __init__(self, pool: "LockstepPool", slot: int) -> None:
+        self.pool, self.slot, self.closed, self.steps = pool, slot, False, 0
+
+    def step(self, x: torch.Tensor) -> Any:
+        """Serve one call of this session (``x``: its row, leading extent 1); returns its
+        row of the outputs once the tick that served it has run."""
+        if self.closed:
+            raise RuntimeError(f"lockstep session on slot {self.slot} is closed")
+        out = self.pool._submit(self, x)
+        self.steps += 1
+        return out
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool._release(self)
+
+    def __enter__(self) -> "LockstepSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class LockstepPool:
+    def __init__(
+        self,
+        width: int,
+        step: Callable[[torch.Tensor], Any],
+        *,
+        reset: Callable[[torch.Tensor], None] | None = None,
+        hold: Callable[[torch.Tensor], None] | None = None,
+        gather_s: float = 0.005,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if type(width) is not int or width < 1:
+            raise ValueError(f"lockstep width must be a positive int, got {width!r}")
+        if not callable(step):
+            raise TypeError(f"lockstep step must be callable, got {step!r}")
+        for name, f in (("reset", reset), ("hold", hold)):
+            if f is not None and not callable(f):
+                raise TypeError(f"lockstep {name} must be callable or None, got {f!r}")
+        if not (isinstance(gather_s, (int, float)) and 0 <= gather_s <= timeout_s):
+            raise ValueError(f"gather_s must be in [0, timeout_s], got {gather_s!r}")
+        self.width, self._step, self._reset, self._hold = width, step, reset, hold
+        self.gather_s, self.timeout_s = float(gather_s), float(timeout_s)
+        self._cond = threading.Condition()
+        self._gpu = threading.Lock()  # a tick or a slot reset, never both
+        self._sessions: dict[int, LockstepSession] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._first_in: float | None = None
+        self._template: torch.Tensor | None = None  # a row's shape, dtype and device
+        self._held: torch.Tensor | None = None  # the rows the model runs (hold's mask)
+        self._closed = False
+        self.counters = {"ticks": 0, "rows": 0, "parked": 0, "opened": 0, "tick_s": 0.0}
+        self._thread = threading.Thread(target=self._run, name="lockstep-ticks", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ sessions
+    def open(self) -> LockstepSession:
+        """A session on a free slot, its state reset (``reset``) before its first tick."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("lockstep pool is shut down")
+            free = [i for i in range(self.width) if i not in self._sessions]
+            if not free:
+                raise PoolFull(f"all {self.width} slots of the lockstep pool hold a session")
+            session = LockstepSession(self, free[0])
+            self._sessions[session.slot] = session
+        if self._reset is not None:
+            mask = self._mask([session.slot])
+            with self._gpu:
+                self._reset(mask)
+                self._held = None  # a reset may turn its row back on (Moshi's does)
+        self.counters["opened"] += 1
+        return session
+
+    def _release(self, session: LockstepSession) -> None:
+        with self._cond:
+            self._sessions.pop(session.slot, None)
+            self._cond.notify_all()  # a tick waiting for it need not
+
+    def shut_down(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=self.timeout_s)
+
+    def _mask(self, slots: list[int]) -> torch.Tensor:
+        device = self._template.device if self._template is not None else "cpu"
+        mask = torch.zeros(self.width, dtype=torch.bool)
+        mask[slots] = True
+        return mask.to(device)
+
+    # --------------------------------------------------------------------- ticks
+    def _check_row(self, x: Any) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != 1:
+            shown = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"a lockstep step takes one session's row (leading extent 1), got {shown}")
+        t = self._template
+        if t is not None and (x.shape, x.dtype, x.device) != (t.shape, t.dtype, t.device):
+            raise ValueError(
+                f"lockstep row {tuple(x.shape)} {x.dtype} on {x.device} differs from the "
+                f"pool's rows {tuple(t.shape)} {t.dtype} on {t.device}"
+            )
+
+    def _submit(self, session: LockstepSession, x: torch.Tensor) -> Any:
+        with self._cond:
+            self._check_row(x)
+            if self._closed:
+                raise RuntimeError("lockstep pool is shut down")
+            if self._template is None:
+                self._template = torch.zeros_like(x)
+            pending = self._pending[session.slot] = _Pending(x)
+            if self._first_in is None:
+                self._first_in = time.perf_counter()
+            self._cond.notify_all()
+        if not pending.done.wait(self.timeout_s):
+            raise TimeoutError(f"lockstep slot {session.slot}: no tick in {self.timeout_s:.0f} s")
+        if pending.error is not None:
+            raise RuntimeError(f"lockstep tick failed: {pending.error}") from pending.error
+        return pending.out
+
+    def _ready(self) -> bool:
+        """Whether the tick may start: every open session is in, or the gather window
+        has passed and the model can hold the rows that are not."""
+        if not self._pending:
+            return False
+        if set(self._sessions) <= set(self._pending):
+            return True
+        waited = time.perf_counter() - (self._first_in or 0.0)
+        return self._hold is not None and waited >= self.gather_s
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._ready():
+                    self._cond.wait(self.gather_s if self._pending else None)
+                if self._closed:
+                    for p in self._pending.values():
+                        p.error = RuntimeError("lockstep pool shut down")
+                        p.done.set()
+                    return
+                batch, self._pending, self._first_in = self._pending, {}, None
+            self._tick(batch)
+
+    def _tick(self, batch: dict[int, _Pending]) -> None:
+        t = time.perf_counter()
+        try:
+            rows = [batch[i].row if i in batch else self._template for i in range(self.width)]
+            with self._gpu:
+                if self._hold is not None:
+                    mask = self._mask(sorted(batch))
+                    if self._held is None or not torch.equal(mask, self._held):
+                        self._hold(mask)  # rows off keep their state this tick
+                        self._held = mask
+                out = self._step(torch.cat(rows))
+                results = {i: _row(out, i, self.width) for i in batch}
+            for i, p in batch.items():
+                p.out = results[i]
+        except Exception as e:  # noqa: BLE001 - raised in every session it served
+            for p in batch.values():
+                p.error = e
+        finally:
+            for p in batch.values():
+                p.done.set()
+        c = self.counters
+        c["ticks"] += 1
+        c["rows"] += len(batch)
+        c["parked"] += self.width - len(batch)
+        c["tick_s"] += time.perf_counter() - t
+
+    def stats(self) -> dict:
+        c = dict(self.counters)
+        ticks = c["ticks"] or 1
+        return {
+            "width": self.width,
+            "open": len(self._sessions),
+            **c,
+            "rows_per_tick": c["rows"] / ticks,
+            "tick_ms_mean": 1e3 * c["tick_s"] / ticks,
+        }
+
+    def report(self) -> str:
+        s = self.stats()
+        return (
+            f"lockstep pool: {s['width']} slots, {s['open']} open; {s['ticks']} ticks, "
+            f"{s['rows_per_tick']:.1f} rows per tick ({s['parked']} parked), "
+            f"{s['tick_ms_mean']:.1f} ms per tick"
+        )
+
+
+def _row(out: Any, i: int, width: int) -> Any:
+    """Row ``i`` of a tick's outputs: every tensor whose leading extent is ``width``,
+    sliced and cloned (the next tick reuses the batched buffers); anything else as is."""
+    if isinstance(out, torch.Tensor):
+        return out[i : i + 1].clone() if out.dim() > 0 and out.shape[0] == width else out
+    if isinstance(out, (list, tuple)):
+        rows = [_row(v, i, width) for v in out]
+        return type(out)(rows) if isinstance(out, list) else tuple(rows)
+    if isinstance(out, dict):
+        return {k: _row(v, i, width) for k, v in out.items()}
+    return out

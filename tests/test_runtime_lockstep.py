@@ -1,0 +1,213 @@
+"""The lockstep pool of a batched binding (runtime/serving/lockstep.py): sessions on
+slots, each calling from its own thread, served in ticks of one batched call. Each
+session's outputs equal its solo stock run whatever joins when, whoever sits ticks out
+and however the threads interleave; bad input, a full pool, a closed session and a
+failing tick are clear errors."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+
+import pytest
+import torch
+
+from duplexcadence.compiler.driver import compile_source
+from duplexcadence.runtime.serving.lockstep import LockstepPool, PoolFull
+from fuzzing import import_package
+
+CONTRACT = """
+contract held_rows
+clock frame = 1 per call
+region acc {
+  dtype float32
+  dims [1, 4]
+  lifetime session
+  site acc
+  slot 0
+}
+callable step {
+  site step
+  per frame
+  arg x: float32 [1, 4]
+  writes acc
+  batch widths {4} rows {aten.mean.dim}
+}
+"""
+
+
+class HeldRows(torch.nn.Module):
+    """``width`` sessions of a step with a per-session accumulator, built as a vendor
+    builds a batched streaming model: ``run`` (its exec mask) says which rows advance,
+    a row off keeps its state; ``reset(mask)`` zeroes the rows in the mask."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)
+        self.acc = torch.zeros(width, 4)
+        self.run = torch.ones(width, dtype=torch.bool)
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        # the mean over axis 0 is a session's own row at batch 1 and mixes sessions
+        # batched unless it runs per row
+        y = (x * x.mean(dim=0, keepdim=True)) @ self.w + 1.0  # a parked zero row moves acc
+        self.acc.copy_(torch.where(self.run[:, None], self.acc + y, self.acc))
+        return y + self.acc
+
+    def hold(self, mask: torch.Tensor) -> None:
+        self.run.copy_(mask)
+
+    def reset(self, mask: torch.Tensor) -> None:
+        self.acc.copy_(torch.where(mask[:, None], torch.zeros_like(self.acc), self.acc))
+        self.run.copy_(self.run | mask)
+
+
+def adapter():
+    result = compile_source(CONTRACT, "held_rows.clock")
+    assert result.ok, result.diagnostics
+    name, _ = import_package(result.files)
+    return importlib.import_module(f"{name}.adapter")
+
+
+def inputs(seed: int, frames: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 4, generator=g) for _ in range(frames)]
+
+
+def solo(seed: int, frames: int) -> list[torch.Tensor]:
+    model = HeldRows(1)
+    return [model.step(x).clone() for x in inputs(seed, frames)]
+
+
+def pool_of(width: int = 4, hold: bool = True, **kwargs):
+    model = HeldRows(width)
+    binding = adapter().bind(model, device="cpu", backend="simulate", batch=width, progress=False)
+    pool = binding.lockstep(
+        model.step, reset=model.reset, hold=model.hold if hold else None, **kwargs
+    )
+    return binding, pool
+
+
+def serve(pool, seed: int, frames: int, pause_at: int | None, results: dict, start=None):
+    if start is not None:
+        start.wait()
+    with pool.open() as session:
+        outs = []
+        for f, x in enumerate(inputs(seed, frames)):
+            if f == pause_at:
+                time.sleep(0.15)  # sits some ticks out
+            outs.append(session.step(x))
+        results[seed] = (session.slot, outs)
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_each_session_gets_its_solo_bytes_whatever_joins_when(hold):
+    binding, pool = pool_of(hold=hold, gather_s=0.002)
+    results: dict = {}
+    late = threading.Event()
+    plan = [(11, 12, None, None), (12, 12, 3, None), (13, 9, None, late), (14, 6, None, None)]
+    threads = [
+        threading.Thread(target=serve, args=(pool, seed, frames, pause, results, start))
+        for seed, frames, pause, start in plan
+    ]
+    for t in threads[:2]:
+        t.start()
+    time.sleep(0.05)
+    late.set()  # session 13 opens after the first two have run some ticks
+    for t in threads[2:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert set(results) == {11, 12, 13, 14}
+    for seed, frames, _, _ in plan:
+        slot, outs = results[seed]
+        want = solo(seed, frames)
+        for f, (got, ref) in enumerate(zip(outs, want)):
+            assert torch.equal(got, ref), (seed, slot, f)
+    s = pool.stats()
+    assert s["rows"] == sum(frames for _, frames, _, _ in plan) and s["opened"] == 4
+    if hold:  # the pausing session sat ticks out while the others went on
+        assert s["parked"] > 0
+    step = binding.stats()["callables"]["step"]
+    assert step["hits"] == s["ticks"] and step["misses"] == {}, step
+    assert "lockstep pool: 4 slots" in binding.report()
+    assert binding.stats()["lockstep"]["ticks"] == s["ticks"]
+    binding.unbind()
+
+
+def test_without_hold_a_tick_waits_for_every_open_session():
+    _, pool = pool_of(hold=False, gather_s=0.0)
+    a, b = pool.open(), pool.open()
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("a", a.step(inputs(1, 1)[0])))
+    t.start()
+    time.sleep(0.1)
+    assert "a" not in out  # a parked row would advance b's state: the tick waits for b
+    b.step(inputs(2, 1)[0])
+    t.join(timeout=10)
+    assert torch.equal(out["a"], solo(1, 1)[0])
+    assert pool.stats()["ticks"] == 1
+
+
+def test_bad_input_a_full_pool_and_a_closed_session_are_clear_errors():
+    _, pool = pool_of(width=4)
+    sessions = [pool.open() for _ in range(4)]
+    with pytest.raises(PoolFull, match="all 4 slots"):
+        pool.open()
+    with pytest.raises(ValueError, match="leading extent 1"):
+        sessions[0].step(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="leading extent 1"):
+        sessions[0].step("frame")
+    sessions[1].close()
+    with pytest.raises(RuntimeError, match="closed"):
+        sessions[1].step(torch.zeros(1, 4))
+    assert pool.open().slot == 1  # the freed slot
+    done = [threading.Thread(target=s.step, args=(torch.zeros(1, 4),)) for s in sessions[2:]]
+    for t in done:
+        t.start()
+    sessions[0].step(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"differs from the pool's rows \(1, 4\)"):
+        sessions[0].step(torch.zeros(1, 5))
+
+
+def test_a_failing_tick_raises_in_every_session_it_served():
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("kernel fault")
+
+    pool = LockstepPool(2, broken)
+    a, b = pool.open(), pool.open()
+    errors: list = []
+
+    def call(s):
+        try:
+            s.step(torch.zeros(1, 3))
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=call, args=(s,)) for s in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert errors == ["lockstep tick failed: kernel fault"] * 2
+    pool.shut_down()
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.open()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"width": 0}, ValueError),
+        ({"width": 2.0}, ValueError),
+        ({"step": None}, TypeError),
+        ({"hold": 3}, TypeError),
+        ({"gather_s": -1}, ValueError),
+    ],
+)
+def test_bad_pool_arguments(kwargs, error):
+    args = {"width": 2, "step": lambda x: x, **kwargs}
+    with pytest.raises(error):
+        LockstepPool(args.pop("width"), args.pop("step"), **args)
