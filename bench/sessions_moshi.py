@@ -12,6 +12,11 @@ at a time (``step_frame``, the loop body). Its input frames come from its seed
 alone on the unbound stock model (``stock_solo``: one process, the sessions one after
 another, each from a fresh connection). Full 7B LM in bf16 + Mimi fp32, seeded random
 weights, greedy, ``NO_TORCH_COMPILE=1`` and the vendor's graphs off in every worker.
+
+The ``moshi_batch<W>`` arms serve up to W sessions in lockstep instead
+(``LockstepSessions``): one batched call per tick for all of them, on the adapter bound
+at ``batch=W`` (contracts/moshi.clock's lockstep), each session's bytes still compared
+with its solo stock run.
 """
 
 from __future__ import annotations
@@ -110,7 +115,91 @@ class AdapterSessions(StockSolo):
         return replay.sessions_record(self.binding)
 
 
+class LockstepSessions:
+    """Sessions in lockstep on the adapter bound at ``batch=W`` (``arm.options["width"]``):
+    the vendor's own batched streaming state (``streaming(W)``), one batch row per
+    session, each tick one call of each graph for every session (runtime/serving/
+    lockstep.py). What the vendor gives for batched serving, used as it is: a session
+    opening resets its row (``reset_streaming(mask)``), a tick that leaves a session out
+    holds its row (``set_exec_mask``), and ``support_out_of_sync`` lets rows run at their
+    own frame counts. One thing is wired around it: a row's first ``max_delay`` frames
+    give no output alone (``LMGen.step`` returns None and the server decodes nothing),
+    so each tick the Mimi decoder runs only the rows that have output — one exec mask
+    shared by the decoder's streaming states, set from the LM's own per-row offsets —
+    and the other rows decode zeros that their held state never sees."""
+
+    def __init__(self, arm: Arm, device: torch.device, lm_kwargs: dict | None = None) -> None:
+        width = arm.options["width"]
+        self.mimi, self.lm_gen = W.build_moshi(
+            MODEL_SEED, device, lm_kwargs=lm_kwargs or W.FULL_7B, greedy=True, start=False
+        )
+        W.start_streaming(self.mimi, self.lm_gen, width)
+        self.lm_gen.support_out_of_sync = True
+        self.device = next(self.mimi.parameters()).device
+        self.decode_rows = torch.ones(width, dtype=torch.bool, device=self.device)
+        for top in (self.mimi.decoder, self.mimi.decoder_transformer, self.mimi.upsample):
+            for m in top.modules():
+                if getattr(m, "_streaming_state", None) is not None:
+                    m._streaming_state.exec_mask = self.decode_rows
+        self.binding = W.bind_adapter(self.mimi, self.lm_gen, device, batch=width)
+        self.pool = self.binding.lockstep(self.tick, reset=self.reset_rows, hold=self.hold_rows)
+
+    def tick(self, pcm: torch.Tensor) -> dict:
+        """One frame of every slot: encode, LM step, decode the rows with output."""
+        from moshi.utils.compile import no_compile
+
+        state = self.lm_gen._streaming_state
+        with torch.no_grad(), no_compile():
+            codes = self.mimi.encode(pcm)
+            tokens = self.lm_gen.step(codes[:, :, 0:1])
+            ready = (state.offsets > self.lm_gen.max_delay) & state.exec_mask
+            self.decode_rows.copy_(ready)
+            safe = torch.where(ready[:, None, None], tokens, torch.zeros_like(tokens))
+            out = self.mimi.decode(safe[:, 1:])
+        return {"ready": ready.cpu(), "tokens": tokens.cpu(), "pcm": out.float().cpu()}
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        """A session opens on the rows in ``mask``: the server's per-connection reset,
+        those rows only."""
+        with torch.no_grad():
+            self._sync()
+            self.mimi.reset_streaming(mask)
+            self.lm_gen.reset_streaming(mask)
+            self._sync()
+
+    def hold_rows(self, mask: torch.Tensor) -> None:
+        """The rows in ``mask`` run this tick; the others keep their state."""
+        self.mimi.set_exec_mask(mask)
+        self.lm_gen.set_exec_mask(mask)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def open(self, spec: SessionSpec) -> _Session:
+        s = _Session(spec)
+        s.pool_session = self.pool.open()
+        return s
+
+    def submit(self, s: _Session, chunk: Chunk) -> dict:
+        out = s.pool_session.step(s.frames[chunk.seq].to(self.device))
+        if not bool(out["ready"]):
+            return {"tokens": None, "pcm": None}
+        return {"tokens": out["tokens"][0, :, 0], "pcm": out["pcm"]}  # as frame_outputs
+
+    def reset(self, s: _Session) -> None:
+        """Moshi is full duplex: a turn does not restart the stream."""
+
+    def close(self, s: _Session) -> None:
+        s.pool_session.close()
+
+    def stats(self) -> dict:
+        return {**replay.sessions_record(self.binding), "lockstep": self.pool.stats()}
+
+
 def server(arm: Arm, device: Any) -> Any:
+    if "width" in arm.options:
+        return LockstepSessions(arm, device)
     return (AdapterSessions if arm.options.get("adapter") else StockSolo)(arm, device)
 
 
@@ -124,6 +213,17 @@ SESSIONS = SessionWorkload(
             "the generated adapter, sessions on one lane, state swapped in place",
             options={"adapter": True},
             needs_cuda=True,
+        ),
+        *(
+            Arm(
+                f"moshi_batch{w}",
+                "inproc",
+                f"the generated adapter bound at batch={w}: sessions in lockstep, one "
+                "batch row each, one batched call of each graph per tick",
+                options={"width": w},
+                needs_cuda=True,
+            )
+            for w in (8, 16, 24, 32)
         ),
     ),
     reference="stock_solo",

@@ -118,6 +118,20 @@ def test_per_row_blocks_run_the_op_on_that_many_sessions_at_once():
         PerRow({"aten.mm.default": 3}, 4)
 
 
+def test_per_row_sees_the_kernels_of_composite_ops_under_inference_mode():
+    # a binding calls its callables under inference mode, where a mode sees aten.linear
+    # whole; PerRow decomposes it (the code that runs anyway) and finds the aten.mm a
+    # proof names, so the declared per-row op is not silently skipped
+    lin = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(2, 1, 8, generator=torch.Generator().manual_seed(4))
+    per_row = PerRow({"aten.mm.default"}, 2, weight_storages(lin))
+    with torch.inference_mode(), per_row:
+        got = lin(x)
+    assert per_row.calls == 1
+    with torch.inference_mode():
+        assert torch.equal(got, torch.cat([lin(x[:1]), lin(x[1:])]))
+
+
 def test_per_row_finds_sessions_folded_on_a_later_axis():
     # torch.cdist passes its rows as [1, N, D] against a codebook [1, K, D]: the sessions
     # are on axis 1, and the codebook (K rows, not N) is never split

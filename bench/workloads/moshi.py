@@ -173,14 +173,21 @@ def run_frames(mimi: Any, lm_gen: Any, frames: list[torch.Tensor]) -> tuple[list
 
 
 def bind_adapter(
-    mimi: Any, lm_gen: Any, device: Any = None, *, capture: bool = True, progress: bool = False
+    mimi: Any,
+    lm_gen: Any,
+    device: Any = None,
+    *,
+    capture: bool = True,
+    progress: bool = False,
+    batch: int | None = None,
 ) -> Any:
     """Bind the generated adapter (contracts/moshi.clock) as a server would at start-up,
     on a pair whose streaming has started (the sites live in the streaming states), with
     the vendor's graphs off (``NO_CUDA_GRAPH=1``: its ``CUDAGraphed`` wrappers would run
     inside the adapter's graphs). On CUDA the callables are captured here under
     ``no_compile()``; capture runs them on scratch inputs, so the streaming state is then
-    reset in place as the server does per connection. Returns the ``Binding``."""
+    reset in place as the server does per connection. ``batch``: bind the contract's
+    lockstep at that width (a pair streaming at that batch size). Returns the ``Binding``."""
     from moshi.utils.compile import _is_cuda_graph_enabled, no_compile
 
     if _is_cuda_graph_enabled():
@@ -195,7 +202,9 @@ def bind_adapter(
 
     model = types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
     with no_compile():
-        binding = adapter.bind(model, device=device, capture=False, progress=progress)
+        binding = adapter.bind(
+            model, device=device, capture=False, progress=progress, batch=batch
+        )
         if capture and binding.device.type == "cuda":
             binding.capture(progress=progress)
             mimi.reset_streaming()

@@ -75,6 +75,14 @@ class PerRow(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         block = self.blocks.get(str(func))
+        if block is None and _composite(func):
+            # under inference mode (how a binding calls its callables) a mode sees
+            # composite ops whole (aten.linear, aten.conv1d, aten.cdist); their own
+            # decomposition, the code that runs anyway, shows the kernels a proof names
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         if block is None or block == self.width:
             return func(*args, **kwargs)
         found = self._axis(args)
@@ -91,6 +99,22 @@ class PerRow(TorchDispatchMode):
         if not all(isinstance(t, torch.Tensor) for t in parts):
             raise TypeError(f"PerRow: {func} returns no tensor; it cannot run per row")
         return torch.cat(parts, dim=axis)
+
+
+_COMPOSITE: dict[Any, bool] = {}
+
+
+def _composite(func: Any) -> bool:
+    """Whether ``func`` runs as its CompositeImplicitAutograd decomposition (no kernel of
+    its own for a backend): then decomposing it changes nothing but what a mode sees."""
+    known = _COMPOSITE.get(func)
+    if known is None:
+        has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(  # noqa: E731
+            func.name(), getattr(torch._C.DispatchKey, key)
+        )
+        own = ("CompositeExplicitAutograd", "CPU", "CUDA", "Meta")
+        known = _COMPOSITE[func] = has("CompositeImplicitAutograd") and not any(map(has, own))
+    return known
 
 
 def weight_storages(model: Any) -> set[int]:

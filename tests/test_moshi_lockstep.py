@@ -1,0 +1,86 @@
+"""Moshi sessions in lockstep (bench/sessions_moshi.py ``LockstepSessions``), tiny LM on
+CPU: the adapter bound at batch=8 on the vendor's batched streaming state, sessions on
+their own threads opening at different times, sitting ticks out and taking over the
+row of a session that closed; each session's token IDs and PCM equal its solo run on
+the unbound stock model. (The tiny random LM answers every input alike, so what this
+pins is each row's position: a row that ran a parked tick, or kept a closed session's
+state, would be a frame off.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+import time
+
+import pytest
+import torch
+
+from bench.workloads import moshi as W
+
+pytestmark = pytest.mark.slow
+
+_REASON = W.unavailable_reason()
+if _REASON is not None:
+    pytest.skip(_REASON, allow_module_level=True)
+
+from bench.cadence import TraceSettings, trace  # noqa: E402
+from bench.sessions_moshi import SESSIONS, LockstepSessions, StockSolo  # noqa: E402
+
+SETTINGS = TraceSettings(duration_s=0.56, period_s=0.08, ramp_s=0.0, turn_chunks=(99, 99))
+
+
+@pytest.fixture(autouse=True)
+def _no_vendor_graphs(monkeypatch):
+    monkeypatch.setenv("NO_CUDA_GRAPH", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _serve(server, spec, digests, outputs, wait=None, pause_at=None, done=None) -> None:
+    if wait is not None:
+        wait.wait()
+    d, n = hashlib.sha256(), 0
+    s = server.open(spec)
+    for c in spec.chunks:
+        if c.seq == pause_at:
+            time.sleep(1.0)  # the other sessions go on without this one
+        out = server.submit(s, c)
+        for v in out.values():
+            if v is not None:
+                d.update(v.numpy().tobytes())
+                n += 1
+    server.close(s)
+    digests[spec.index], outputs[spec.index] = d.hexdigest(), n
+    if done is not None:
+        done.set()
+
+
+def test_lockstep_sessions_equal_solo_stock_whatever_joins_when():
+    a, b, c = trace(SETTINGS, 3)
+    a = dataclasses.replace(a, chunks=a.chunks[:3])  # closes early: c reuses its row
+    specs = (a, b, c)
+    stock = StockSolo(SESSIONS.arm("stock_solo"), torch.device("cpu"), W.TINY_LM_KWARGS)
+    want, counts = {}, {}
+    for sp in specs:
+        _serve(stock, sp, want, counts)
+    batched = LockstepSessions(SESSIONS.arm("moshi_batch8"), torch.device("cpu"), W.TINY_LM_KWARGS)
+    got, got_counts = {}, {}
+    a_closed = threading.Event()
+    threads = [
+        threading.Thread(target=_serve, args=(batched, a, got, got_counts, None, None, a_closed)),
+        threading.Thread(target=_serve, args=(batched, b, got, got_counts, None, 2)),
+        threading.Thread(target=_serve, args=(batched, c, got, got_counts, a_closed)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert got_counts == counts and min(counts.values()) > 0  # outputs once the delay passed
+    assert got == want
+    lockstep = batched.stats()["lockstep"]
+    assert lockstep["width"] == 8 and lockstep["rows"] == sum(len(sp.chunks) for sp in specs)
+    assert lockstep["opened"] == 3 and lockstep["parked"] > 5 * lockstep["ticks"]
+    assert batched.pool.stats()["open"] == 0
