@@ -60,7 +60,17 @@ POOL_COUNTERS = (
 
 def pool_counters(results: Sequence[dict]) -> dict:
     """A run's session-pool counters from its workers' server stats (adapter arms): the
-    longest lane wait, lane 0's capture at bind, the scheduler's counts, evictions."""
+    longest lane wait, lane 0's capture at bind, the scheduler's counts, evictions; for a
+    lockstep arm its width, ticks, rows per tick and mean tick time."""
+    ticks = [((r.get("server") or {}).get("lockstep") or {}) for r in results]
+    ticks = [t for t in ticks if t]
+    if ticks:  # a lockstep arm: one batched call per tick for its sessions
+        return {
+            "lockstep_width": max(t["width"] for t in ticks),
+            "ticks": sum(t["ticks"] for t in ticks),
+            "rows_per_tick": _f(sum(t["rows"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))),
+            "tick_ms_mean": _f(1e3 * sum(t["tick_s"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))),
+        }
     pools = [((r.get("server") or {}).get("sessions") or {}) for r in results]
     pools = [p for p in pools if p]
     if not pools:
