@@ -21,6 +21,7 @@ with its solo stock run.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -142,30 +143,59 @@ class LockstepSessions:
                 if getattr(m, "_streaming_state", None) is not None:
                     m._streaming_state.exec_mask = self.decode_rows
         self.binding = W.bind_adapter(self.mimi, self.lm_gen, device, batch=width)
-        self.pool = self.binding.lockstep(self.tick, reset=self.reset_rows, hold=self.hold_rows)
+        self.stage_ms: list[tuple[float, float, float]] | None = None  # bench.lockstep_ticks
+        # the LM step's first call after bind runs eager (its counter starts at 1): made
+        # here, every row held, so no session's tick pays for it
+        self.hold_rows(torch.zeros(width, dtype=torch.bool))
+        self.tick(torch.zeros(width, 1, W.FRAME_SAMPLES, device=self.device))
+        # a tick takes the sessions in when it starts (a frame waits at most one tick):
+        # with ticks of T ms a frame is served within 2T + gather_s of its arrival
+        self.pool = self.binding.lockstep(
+            self.tick, reset=self.reset_rows, hold=self.hold_rows, gather_s=0.002
+        )
 
     def tick(self, pcm: torch.Tensor) -> dict:
         """One frame of every slot: encode, LM step, decode the rows with output."""
         from moshi.utils.compile import no_compile
 
         state = self.lm_gen._streaming_state
+        marks = self._marks()
         with torch.no_grad(), no_compile():
+            marks[0].record()
             codes = self.mimi.encode(pcm)
+            marks[1].record()
             tokens = self.lm_gen.step(codes[:, :, 0:1])
+            marks[2].record()
             ready = (state.offsets > self.lm_gen.max_delay) & state.exec_mask
             self.decode_rows.copy_(ready)
             safe = torch.where(ready[:, None, None], tokens, torch.zeros_like(tokens))
             out = self.mimi.decode(safe[:, 1:])
-        return {"ready": ready.cpu(), "tokens": tokens.cpu(), "pcm": out.float().cpu()}
+            marks[3].record()
+        result = {"ready": ready.cpu(), "tokens": tokens.cpu(), "pcm": out.float().cpu()}
+        if self.stage_ms is not None and self.device.type == "cuda":  # events completed
+            self.stage_ms.append(tuple(a.elapsed_time(b) for a, b in zip(marks, marks[1:])))
+        return result
+
+    def _marks(self) -> list:
+        """CUDA events around the three graphs while ``stage_ms`` records; else no-ops."""
+        if self.stage_ms is None or self.device.type != "cuda":
+            return [types.SimpleNamespace(record=lambda: None)] * 4
+        return [torch.cuda.Event(enable_timing=True) for _ in range(4)]
 
     def reset_rows(self, mask: torch.Tensor) -> None:
         """A session opens on the rows in ``mask``: the server's per-connection reset,
         those rows only."""
+        state = self.lm_gen._streaming_state
+        ticks = state.offset_cpu
         with torch.no_grad():
             self._sync()
             self.mimi.reset_streaming(mask)
             self.lm_gen.reset_streaming(mask)
             self._sync()
+        # LMGen's reset zeroes its host step count for every row; with rows out of sync
+        # it only counts ticks (never read per row), and at 0 the next LM step would run
+        # eager (the contract's counter starts at 1) for every session of that tick
+        state.offset_cpu = ticks
 
     def hold_rows(self, mask: torch.Tensor) -> None:
         """The rows in ``mask`` run this tick; the others keep their state."""

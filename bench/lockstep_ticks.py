@@ -1,0 +1,110 @@
+"""Where a Moshi lockstep tick's time goes: the tick of ``bench.sessions_moshi``'s
+``LockstepSessions`` (the adapter bound at ``batch=W``) at each width, every slot
+running, its three graphs timed apart with CUDA events (Mimi encode, the LM step with
+the depformer, Mimi decode) and the whole tick by the wall clock. CUDA only.
+
+    python -m bench.lockstep_ticks --width 16 --ticks 30 --out lockstep_ticks_16.json
+
+One width per process: on the H200 a second binding's LM capture in the same process
+was invalidated (cudaErrorStreamCaptureInvalidated) where a fresh process captured it.
+
+A tick's time is what bounds sessions per GPU: with ticks of T ms every frame is served
+within 2T (it waits for the tick in progress, then runs in the next), so the 160 ms
+deadline of an 80 ms cadence holds while T <= 80 ms minus the gather window.
+``--rows-off`` binds with no per-row op (every kernel batched whole): not exact, the
+floor that says what running the contract's ``rows`` one session at a time costs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from bench.cadence import Arm
+from bench.sessions_moshi import LockstepSessions
+from bench.workloads import moshi as W
+from duplexcadence.runtime import determinism_settings, pin_determinism
+
+
+def width_ticks(
+    width: int, ticks: int, warmup: int, device: torch.device, lm_kwargs: dict | None = None
+) -> dict:
+    t = time.perf_counter()
+    arm = Arm(f"batch{width}", "inproc", "", {"width": width})
+    server = LockstepSessions(arm, device, lm_kwargs)
+    setup_s = time.perf_counter() - t
+    server.pool.shut_down()  # the ticks are driven here, every slot in
+    frames = [torch.cat(W.pcm_stream(1000 + r, warmup + ticks)) for r in range(width)]
+    frames = torch.stack(frames, 1).to(device)  # [frame, width, 1, 1920]: a tick's rows
+    walls = []
+    for f in range(warmup + ticks):
+        if f == warmup:
+            server.stage_ms = []
+        t = time.perf_counter()
+        server.tick(frames[f])
+        walls.append((time.perf_counter() - t) * 1e3)
+    stages = list(zip(*server.stage_ms))
+    replay = {k: (c["hits"], c["misses"]) for k, c in server.binding.stats()["callables"].items()}
+    row = {
+        "width": width,
+        "setup_s": round(setup_s, 2),
+        "tick_ms_p50": round(statistics.median(walls[warmup:]), 2),
+        "tick_ms_max": round(max(walls[warmup:]), 2),
+        **{
+            f"{name}_ms_p50": round(statistics.median(v), 2)
+            for name, v in zip(("mimi_encode", "lm_step", "mimi_decode"), stages)
+        },
+        "ms_per_session": round(statistics.median(walls[warmup:]) / width, 2),
+        "replay_hits_misses": replay,
+    }
+    server.binding.unbind()
+    del server
+    if device.type == "cuda":
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--width", type=int, required=True, help="sessions per tick (a declared width)")
+    p.add_argument("--ticks", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rows-off", action="store_true", help="no per-row ops (inexact floor)")
+    p.add_argument("--tiny-cpu", action="store_true", help="a dry run: the tiny LM on the CPU")
+    p.add_argument("--out", help="JSON path (default: stdout only)")
+    args = p.parse_args(argv)
+    if args.rows_off:
+        from duplexcadence.runtime.serving.declared import BatchDecl
+
+        BatchDecl.row_ops = lambda self: {}  # every kernel batched whole
+    if not (args.tiny_cpu or torch.cuda.is_available()):
+        print("bench.lockstep_ticks: needs a CUDA device (or --tiny-cpu)", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if args.tiny_cpu else "cuda")
+    lm_kwargs = W.TINY_LM_KWARGS if args.tiny_cpu else W.FULL_7B
+    rows: list[dict] = []
+    with pin_determinism(extra=W.DETERMINISM):
+        rows.append(width_ticks(args.width, args.ticks, args.warmup, device, lm_kwargs))
+        rows[-1]["rows"] = "off (inexact)" if args.rows_off else "as declared"
+        print(json.dumps(rows[-1]), flush=True)
+        env = determinism_settings(device)
+    doc = {
+        "command": "python -m bench.lockstep_ticks " + " ".join(argv or sys.argv[1:]),
+        "torch": env["torch"],
+        "device": env["device"],
+        "rows": rows,
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
