@@ -31,6 +31,7 @@ from bench.harness import Stream, replay
 from bench.workloads import moshi as W
 
 MODEL_SEED = 0
+FRAME_S = W.FRAME_SAMPLES / 24_000  # Moshi's frame: 80 ms of 24 kHz audio
 
 
 def connect(mimi: Any, lm_gen: Any) -> None:
@@ -148,10 +149,13 @@ class LockstepSessions:
         # here, every row held, so no session's tick pays for it
         self.hold_rows(torch.zeros(width, dtype=torch.bool))
         self.tick(torch.zeros(width, 1, W.FRAME_SAMPLES, device=self.device))
-        # a tick takes the sessions in when it starts (a frame waits at most one tick):
-        # with ticks of T ms a frame is served within 2T + gather_s of its arrival
+        # a tick waits for every open session's frame, at most one frame period after
+        # the first came in (sessions' frames arrive at their own phases): every session
+        # in every tick, so a frame is served within a period plus one tick. (Starting
+        # a tick as soon as one frame is in gave two ticks a period, each with half the
+        # sessions, at twice the cost: bench/results/sessions_moshi_h200_greedy.md.)
         self.pool = self.binding.lockstep(
-            self.tick, reset=self.reset_rows, hold=self.hold_rows, gather_s=0.002
+            self.tick, reset=self.reset_rows, hold=self.hold_rows, gather_s=FRAME_S
         )
 
     def tick(self, pcm: torch.Tensor) -> dict:
