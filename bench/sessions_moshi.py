@@ -149,13 +149,11 @@ class LockstepSessions:
         # here, every row held, so no session's tick pays for it
         self.hold_rows(torch.zeros(width, dtype=torch.bool))
         self.tick(torch.zeros(width, 1, W.FRAME_SAMPLES, device=self.device))
-        # a tick waits for every open session's frame, at most one frame period after
-        # the first came in (sessions' frames arrive at their own phases): every session
-        # in every tick, so a frame is served within a period plus one tick. (Starting
-        # a tick as soon as one frame is in gave two ticks a period, each with half the
-        # sessions, at twice the cost: bench/results/sessions_moshi_h200_greedy.md.)
+        # ticks on Moshi's own clock, one per frame period (or earlier once every
+        # session is in): sessions' frames arrive at their own phases, each waits at
+        # most a period and is served within a period plus one tick
         self.pool = self.binding.lockstep(
-            self.tick, reset=self.reset_rows, hold=self.hold_rows, gather_s=FRAME_S
+            self.tick, reset=self.reset_rows, hold=self.hold_rows, period_s=FRAME_S
         )
 
     def tick(self, pcm: torch.Tensor) -> dict:

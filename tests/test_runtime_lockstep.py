@@ -137,6 +137,33 @@ def test_each_session_gets_its_solo_bytes_whatever_joins_when(hold):
     binding.unbind()
 
 
+def test_a_clocked_pool_serves_sessions_of_every_phase_in_one_tick_a_period():
+    # frames arrive at each session's own phase of a 60 ms period; a tick started on
+    # the first frame in would make three ticks a period, the clock makes about one
+    binding, pool = pool_of(period_s=0.06)
+    frames, phases, results = 8, (0.0, 0.02, 0.04), {}
+    start = time.perf_counter() + 0.05
+
+    def client(seed: int, phase: float) -> None:
+        with pool.open() as session:
+            outs = []
+            for k, x in enumerate(inputs(seed, frames)):
+                time.sleep(max(0.0, start + phase + 0.06 * k - time.perf_counter()))
+                outs.append(session.step(x))
+            results[seed] = outs
+
+    threads = [threading.Thread(target=client, args=(21 + i, ph)) for i, ph in enumerate(phases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for seed, outs in results.items():
+        assert all(torch.equal(g, w) for g, w in zip(outs, solo(seed, frames))), seed
+    assert len(results) == 3
+    assert pool.stats()["ticks"] <= frames + 3, pool.stats()  # not 3 a period
+    binding.unbind()
+
+
 def test_without_hold_a_tick_waits_for_every_open_session():
     _, pool = pool_of(hold=False, gather_s=0.0)
     a, b = pool.open(), pool.open()
@@ -205,6 +232,8 @@ def test_a_failing_tick_raises_in_every_session_it_served():
         ({"step": None}, TypeError),
         ({"hold": 3}, TypeError),
         ({"gather_s": -1}, ValueError),
+        ({"period_s": 0}, ValueError),
+        ({"period_s": "80ms"}, ValueError),
     ],
 )
 def test_bad_pool_arguments(kwargs, error):

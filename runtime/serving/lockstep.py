@@ -14,6 +14,12 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
 * a tick starts when every open session is in, or ``gather_s`` after the first one
   came in *if* the model can hold a row still (``hold(mask)``: Moshi's
   ``set_exec_mask``, rows off keep their state); the late ones wait for the next tick.
+  With ``period_s`` (the model's frame: sessions' frames arrive at their own phases)
+  ticks keep a fixed clock instead: a tick starts at the next beat, or earlier once
+  every open session is in. A frame then waits at most one period and is served
+  within a period plus a tick, and a session whose frame came late catches up at the
+  next beat (when a tick's start followed the arrivals, a session that once missed a
+  tick stayed one frame behind: bench/results/sessions_moshi_h200_gather.md);
   Without ``hold`` a parked row would advance its slot's state on the park input, so a
   tick waits for every open session (a slot nobody holds is still parked: its state
   is reset when a session opens on it);
@@ -86,6 +92,7 @@ class LockstepPool:
         reset: Callable[[torch.Tensor], None] | None = None,
         hold: Callable[[torch.Tensor], None] | None = None,
         gather_s: float = 0.005,
+        period_s: float | None = None,
         timeout_s: float = 60.0,
     ) -> None:
         if type(width) is not int or width < 1:
@@ -98,7 +105,13 @@ class LockstepPool:
         if not (isinstance(gather_s, (int, float)) and 0 <= gather_s <= timeout_s):
             raise ValueError(f"gather_s must be in [0, timeout_s], got {gather_s!r}")
         self.width, self._step, self._reset, self._hold = width, step, reset, hold
+        if period_s is not None and not (
+            isinstance(period_s, (int, float)) and 0 < period_s <= timeout_s
+        ):
+            raise ValueError(f"period_s must be in (0, timeout_s] or None, got {period_s!r}")
         self.gather_s, self.timeout_s = float(gather_s), float(timeout_s)
+        self.period_s = None if period_s is None else float(period_s)
+        self._beat: float | None = None  # the clock's next tick (period_s)
         self._cond = threading.Condition()
         self._gpu = threading.Lock()  # a tick or a slot reset, never both
         self._sessions: dict[int, LockstepSession] = {}
@@ -151,7 +164,9 @@ class LockstepPool:
     def _check_row(self, x: Any) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != 1:
             shown = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"a lockstep step takes one session's row (leading extent 1), got {shown}")
+            raise ValueError(
+                f"a lockstep step takes one session's row (leading extent 1), got {shown}"
+            )
         t = self._template
         if t is not None and (x.shape, x.dtype, x.device) != (t.shape, t.dtype, t.device):
             raise ValueError(
@@ -183,20 +198,43 @@ class LockstepPool:
             return False
         if set(self._sessions) <= set(self._pending):
             return True
-        waited = time.perf_counter() - (self._first_in or 0.0)
-        return self._hold is not None and waited >= self.gather_s
+        if self._hold is None:
+            return False  # a parked row would advance: wait for every open session
+        now = time.perf_counter()
+        if self.period_s is not None:
+            if self._beat is None:  # the clock starts with the first frame
+                self._beat = (self._first_in or now) + self.period_s
+            return now >= self._beat
+        return now - (self._first_in or 0.0) >= self.gather_s
+
+    def _wait_s(self) -> float | None:
+        """How long the ticker sleeps before it looks again (a submission wakes it)."""
+        if not self._pending:
+            return None
+        if self.period_s is not None and self._beat is not None:
+            return max(0.0, self._beat - time.perf_counter())
+        return self.gather_s
+
+    def _next_beat(self, started: float) -> None:
+        """After a tick that started at ``started``: the beat of the next one. A tick
+        serves the beat it started at or after (the latest passed), or, started early
+        with every session in, the beat ahead; the next tick is one period on."""
+        if self.period_s is not None and self._beat is not None:
+            passed = max(0, int((started - self._beat) // self.period_s))
+            self._beat += (passed + 1) * self.period_s
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._closed and not self._ready():
-                    self._cond.wait(self.gather_s if self._pending else None)
+                    self._cond.wait(self._wait_s())
                 if self._closed:
                     for p in self._pending.values():
                         p.error = RuntimeError("lockstep pool shut down")
                         p.done.set()
                     return
                 batch, self._pending, self._first_in = self._pending, {}, None
+                self._next_beat(time.perf_counter())
             self._tick(batch)
 
     def _tick(self, batch: dict[int, _Pending]) -> None:
