@@ -16,10 +16,12 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
   ``set_exec_mask``, rows off keep their state); the late ones wait for the next tick.
   With ``period_s`` (the model's frame: sessions' frames arrive at their own phases)
   ticks keep a fixed clock instead: a tick starts at the next beat, or earlier once
-  every open session is in. A frame then waits at most one period and is served
-  within a period plus a tick, and a session whose frame came late catches up at the
-  next beat (when a tick's start followed the arrivals, a session that once missed a
-  tick stayed one frame behind: bench/results/sessions_moshi_h200_gather.md);
+  every open session is in. While a tick takes less than a period, a frame submitted
+  before a beat is served at it, so every frame waits at most one period and is done
+  within a period plus a tick. (A tick that started when the arrivals allowed moved
+  with them, and a session that once missed a tick stayed a frame behind for good: a
+  blocking caller submits its next frame only after its last was served;
+  bench/results/sessions_moshi_h200_gather.md.)
   Without ``hold`` a parked row would advance its slot's state on the park input, so a
   tick waits for every open session (a slot nobody holds is still parked: its state
   is reset when a session opens on it);
