@@ -60,12 +60,15 @@ class RegionAnalysis(_Frozen):
     start: int | None  # A^-, the first attended extent
     bound: int | None  # A, the retained extent
     stride: int
+    # a stepped clock's amounts (`1..8`, `{1, 2, 4}`) when the extent grows by one;
+    # `stride` is then the smallest
+    steps: str | None = None
     window: int  # W = A - A^-
     attended: tuple[int, ...]  # every attended extent, when at most LIST_LIMIT; else ()
     flush_extents: tuple[int, ...]  # extra extents one partial flush reaches (same limit)
     flush_count: int
     envelope: int | None
-    catalog_width: int  # K_r = ceil(W/s) + 1 (1 when the extent is pinned)
+    catalog_width: int  # K_r = ceil(W/s) + 1 (1 when pinned; 1 + sums below W if stepped)
     demand_bytes: int
     stock_bytes: int | None
     rho: float | None
@@ -141,7 +144,7 @@ def progression(numbers: RegionNumbers) -> Progression | None:
     if numbers.bound is None:
         return None
     start = numbers.start if numbers.start is not None else numbers.bound
-    return Progression(start, numbers.stride or 0, numbers.bound)
+    return Progression(start, numbers.stride or 0, numbers.bound, numbers.steps)
 
 
 def retain(numbers: RegionNumbers, extent: int) -> int:
@@ -175,6 +178,7 @@ def analyse_region(r: ir.Region, n: RegionNumbers, widest: int | None = None) ->
         start=p.start if p else None,
         bound=p.bound if p else None,
         stride=n.stride,
+        steps=n.steps.shown() if n.steps else None,
         window=(p.bound - p.start) if p else 0,
         attended=tuple(sorted(p.values(LIST_LIMIT) or ())) if p else (),
         flush_extents=(p.flush_values(n.flush, LIST_LIMIT) or ()) if p else (),

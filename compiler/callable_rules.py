@@ -65,6 +65,7 @@ class CallableRules:
         config_names = self._check_configs(k)
         arg_regions = self._check_args(k, regions, config_names)
         self._check_region_uses(k, regions, arg_regions)
+        self._check_one_stepped_clock(k, arg_regions)
         for counter in k.counters:
             if counter.site.root == "result" or counter.advances < 1:
                 self.err(
@@ -112,6 +113,8 @@ class CallableRules:
             why = f"it is no region argument of '{k.name}' (its classes are not keyed by it)"
         elif numbers is not None and not numbers.stride:
             why = "it declares no `attended from ... by ...` (no extent says where the stream is)"
+        elif numbers is not None and numbers.steps is not None:
+            why = "it grows by a stepped clock (a counter advancing by one amount does not)"
         if why is not None:
             self.err(
                 "CLK049",
@@ -288,6 +291,26 @@ class CallableRules:
                     "a retained history is read from `result[...]`, the callable's output",
                     ret.source.span,
                 )
+
+    def _check_one_stepped_clock(self, k: ir.Callable, arg_regions: set[str]) -> None:
+        """The regions a callable reads advance together by one amount per call, so its
+        joint extents are counted by rank (compiler/extents.py): a region growing by a
+        stepped clock may share the callable only with regions growing by the same
+        amounts (or not growing)."""
+        growing = {}
+        for name in sorted(arg_regions):
+            n = self.out.regions.get(name)
+            if n is not None and n.stride and n.bound is not None and n.start != n.bound:
+                growing[name] = n.steps.shown() if n.steps else f"{n.stride} per call"
+        if len(set(growing.values())) > 1 and any(self.out.regions[r].steps for r in growing):
+            shown = ", ".join(f"'{r}' by {s}" for r, s in growing.items())
+            self.err(
+                "CLK019",
+                f"callable '{k.name}' reads regions that grow by different amounts per "
+                f"call ({shown}): a stepped clock's regions advance together, by one "
+                "clock (declare them all `by` that clock)",
+                k.span,
+            )
 
     def check_index(
         self, k: ir.Callable, dotted: str, t: ir.RegionArg, config_names: set[str]

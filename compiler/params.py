@@ -193,7 +193,11 @@ def _same_catalog(name, span, ref, lo, hi) -> list[Diagnostic]:
                 )
             )
     for r0, r1, r2 in zip(a_ref.regions, a_lo.regions, a_hi.regions):
-        if not (r0.stride == r1.stride == r2.stride and r0.window == r1.window == r2.window):
+        if not (
+            r0.stride == r1.stride == r2.stride
+            and r0.steps == r1.steps == r2.steps
+            and r0.window == r1.window == r2.window
+        ):
             out.append(
                 error(
                     "CLK082",

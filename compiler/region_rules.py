@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value
+from duplexcadence.compiler.extents import AmountSet
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Span
 
@@ -31,6 +32,9 @@ class RegionNumbers:
     flush: tuple[int, ...]
     envelope: int | None  # allocated extent along the axis
     stock: tuple[int, ...] | None
+    # `attended ... by CLOCK` on a stepped clock: the amounts the extent grows by per
+    # call (`stride` is then the smallest)
+    steps: AmountSet | None = None
 
 
 class RegionRules:
@@ -77,11 +81,13 @@ class RegionRules:
                 spans.get("dims", r.span),
             )
 
-        start = stride = None
+        start = stride = steps = None
         flush: tuple[int, ...] = ()
         if r.attended is not None and (r.retention is None or retention is not None):
             # (a retention that failed was reported; what depends on it says nothing)
-            start, stride, flush = self._attended(r, r.attended, retention, bound, in_axis_unit)
+            start, stride, flush, steps = self._attended(
+                r, r.attended, retention, bound, in_axis_unit, axis_clock
+            )
         if r.clock is not None and r.clock not in self.clocks:
             self.err(
                 "CLK011",
@@ -104,6 +110,7 @@ class RegionRules:
             flush=flush,
             envelope=bound,
             stock=stock,
+            steps=steps,
         )
 
     def _dims(self, r: ir.Region) -> tuple[list[int | None], int | None, str | None]:
@@ -183,16 +190,20 @@ class RegionRules:
             return None
         return (kind, tuple(params))
 
-    def _attended(self, r: ir.Region, a: ir.Attended, retention, bound, in_axis_unit):
+    def _attended(self, r: ir.Region, a: ir.Attended, retention, bound, in_axis_unit, axis_clock):
         if retention is None:
             self.err(
                 "CLK020",
                 f"region '{r.name}' declares an attended extent but no retention",
                 a.span,
             )
-            return None, None, ()
+            return None, None, (), None
         start = in_axis_unit(a.start, "attended start")
-        stride = in_axis_unit(a.stride, "attended stride")
+        steps = None
+        if self._stepped(a.stride):
+            stride, steps = self._stepped_stride(r, a, axis_clock)
+        else:
+            stride = in_axis_unit(a.stride, "attended stride")
         flush = tuple(x for x in (in_axis_unit(f, "flush") for f in a.flush) if x is not None)
         if start is not None and start < 0:
             self.err("CLK015", f"attended start of region '{r.name}' is negative", a.start.span)
@@ -229,7 +240,39 @@ class RegionRules:
                 a.start.span,
             )
             start = None
-        return start, stride, flush
+        return start, stride, flush, steps
+
+    def _stepped(self, stride: ir.Expr) -> bool:
+        """`attended ... by CLOCK`: the extent grows by what a stepped clock advances."""
+        return isinstance(stride, ir.NameRef) and any(
+            k.kind == "stepped" and k.name == stride.name for k in self.c.clocks
+        )
+
+    def _stepped_stride(self, r: ir.Region, a: ir.Attended, axis_clock):
+        """(smallest amount, the amounts) of `by CLOCK` on a stepped clock: its extent
+        axis must count that clock (the amounts are in its ticks), and no partial flush
+        (its extents are every sum of amounts already). (None, None) once reported, or
+        when the clock failed (reported there)."""
+        name = a.stride.name
+        if axis_clock != name:
+            counts = f"'{axis_clock}'" if axis_clock else "nothing (no clock axis)"
+            self.err(
+                "CLK012",
+                f"attended stride of region '{r.name}' is stepped clock '{name}' but its "
+                f"extent axis counts {counts}",
+                a.stride.span,
+            )
+            return None, None
+        if a.flush:
+            self.err(
+                "CLK021",
+                f"region '{r.name}' grows by stepped clock '{name}': it declares no flush "
+                "(its extents are every sum of the clock's amounts)",
+                a.span,
+            )
+            return None, None
+        steps = self.out.clock_steps.get(name)
+        return (steps.lo, steps) if steps else (None, None)
 
     def _address_and_allocation(self, r: ir.Region, stock) -> None:
         spans = r.prop_spans

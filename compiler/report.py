@@ -13,10 +13,12 @@ MIB = 2**20
 
 LEGEND = """\
 legend:
-  s          attended stride: frames the attended extent grows per call
+  s          attended stride: frames the attended extent grows per call (a stepped
+             clock's amounts, lo..hi or {a, b}: it grows by any one of them)
   W          attended window A - A-: from the first attended extent A- to the retained one A
   attended   the attended extents A-, A- + s, ..., A (what consumers read; fixes signatures)
-  K          attended extents of a region, ceil(W / s) + 1 (1 when the extent never moves)
+  K          attended extents of a region, ceil(W / s) + 1 (1 when the extent never moves;
+             stepped: 1 + the sums of amounts below W, counted in closed form)
   rho        over-reservation: stock bytes / demand bytes
   |Q|        distinct signatures over the callable's configurations (flags, lengths, slots)
   bound      |Q| * product of K over its regions (Criterion 3.5)
@@ -63,12 +65,12 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
         elif r.catalog_width <= 6:
             attended = ", ".join(map(str, r.attended))
         else:  # closed form: listing is bounded (attended may be empty past LIST_LIMIT)
-            attended = f"{r.start}..{r.bound} by {r.stride}"
+            attended = f"{r.start}..{r.bound} by {r.steps or r.stride}"
         regions.add_row(
             r.name,
             "x".join(map(str, r.shape)),
             r.retention or "-",
-            str(r.stride),
+            r.steps or str(r.stride),
             str(r.window),
             attended or "-",
             str(r.catalog_width),

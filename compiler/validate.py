@@ -19,6 +19,7 @@ from typing import Mapping
 from duplexcadence.compiler.batch_rules import BatchRules
 from duplexcadence.compiler.callable_rules import CallableRules
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
+from duplexcadence.compiler.extents import APERY_LIMIT, AmountSet
 from duplexcadence.compiler.names import check_names
 from duplexcadence.compiler.objects import expand_objects
 from duplexcadence.compiler.param_rules import check_params, reference_values
@@ -53,6 +54,8 @@ class Checked:
     contract: ir.Contract
     consts: dict[str, Value] = field(default_factory=dict)
     clock_rate: dict[str, int] = field(default_factory=dict)  # ticks per call
+    # stepped clocks: the amounts each advances by per tick of its parent
+    clock_steps: dict[str, AmountSet] = field(default_factory=dict)
     regions: dict[str, RegionNumbers] = field(default_factory=dict)
     budget: int = DEFAULT_BUDGET
     clock_names: frozenset[str] = frozenset()
@@ -196,7 +199,9 @@ class _Validator(RegionRules, CallableRules, BatchRules):
     def check_clocks(self) -> None:
         by_name = {k.name: k for k in self.c.clocks}
         for k in self.c.clocks:
-            if k.kind == "rate":
+            if k.kind == "stepped":
+                self._check_steps(k)
+            if k.kind in ("rate", "stepped"):
                 if k.rate is not None and k.rate <= 0:
                     self.err("CLK014", f"clock '{k.name}' needs a positive rate", k.span)
                 if k.parent != ROOT_CLOCK and k.parent not in by_name:
@@ -211,13 +216,39 @@ class _Validator(RegionRules, CallableRules, BatchRules):
                         self.err(
                             "CLK011", f"product clock '{k.name}' names unknown clock '{f}'", k.span
                         )
-                    elif by_name[f].kind == "product" or f == k.name:
+                    elif by_name[f].kind != "rate" or f == k.name:
                         self.err(
                             "CLK013",
                             f"product clock '{k.name}' may only combine rate clocks",
                             k.span,
                         )
         self._clock_rates(by_name)
+
+    def _check_steps(self, k: ir.Clock) -> None:
+        """A stepped clock's amounts: positive, a non-empty range, a listed set whose
+        closed-form count stays a small table (CLK019, extents.APERY_LIMIT)."""
+        lo, hi = k.steps
+        listed = k.listed
+        if lo <= 0:
+            self.err("CLK014", f"clock '{k.name}' needs positive amounts (it has {lo})", k.span)
+        elif hi > MAX_VALUE:
+            self.err("CLK018", f"clock '{k.name}' advances more than 2**53 per tick", k.span)
+        elif lo > hi:
+            self.err("CLK019", f"clock '{k.name}' advances by {lo}..{hi}: an empty range", k.span)
+        elif len(set(listed)) != len(listed):
+            self.err("CLK019", f"clock '{k.name}' lists an amount twice", k.span)
+        else:
+            steps = AmountSet.of(listed) if listed else AmountSet(lo, hi)
+            if steps.apery_size > APERY_LIMIT:
+                self.err(
+                    "CLK019",
+                    f"clock '{k.name}' advances by {steps.shown()}: its smallest amount over "
+                    f"their gcd is {steps.apery_size}, more than {APERY_LIMIT} (the catalog "
+                    "is counted over that many residues; a range lo..hi has no such limit)",
+                    k.span,
+                )
+            else:
+                self.out.clock_steps[k.name] = steps
 
     def _clock_rates(self, by_name: dict[str, ir.Clock]) -> None:
         """Ticks per call of every rate clock, each chain walked once (linear time).

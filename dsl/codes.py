@@ -137,6 +137,12 @@ _CODES = [
         "number too large",
         "A value or an element count exceeds 2**53 (the largest integer every consumer, JSON included, represents exactly).",
     ),
+    Code(
+        "CLK019",
+        "error",
+        "bad stepped clock",
+        "A stepped clock (`clock commit = 1..8 per round`, `= {1, 2, 4} per round`) advances by any amount of a non-empty set of distinct positive amounts; a listed set's smallest amount over the amounts' gcd is at most 4096 (its catalog is counted over that many residues). The regions one callable reads that grow all grow by the same clock.",
+    ),
     # ---- regions
     Code(
         "CLK020",

@@ -92,11 +92,17 @@ class Determinism(Node):
 
 
 class Clock(Node):
+    """`rate`: `rate` ticks per tick of `parent`; `product`: a tuple of rate clocks;
+    `stepped`: any amount of `steps` per tick of `parent` (a data-dependent advance, a
+    verifier's accepted count: `1..8` is (1, 8) with `listed` empty, `{1, 2, 4}` lists)."""
+
     name: str
-    kind: Literal["rate", "product"]
+    kind: Literal["rate", "product", "stepped"]
     rate: int | None = None
     parent: str | None = None
     factors: tuple[str, ...] = ()
+    steps: tuple[int, int] | None = None
+    listed: tuple[int, ...] = ()
 
 
 class Const(Node):

@@ -120,6 +120,30 @@ class _ToIR(Transformer):
         )
         return ("clock", node)
 
+    def stepped_clock(self, meta, c):
+        name, lo, hi, parent = c
+        node = ir.Clock(
+            name=str(name),
+            kind="stepped",
+            steps=(int(lo), int(hi)),
+            parent=str(parent),
+            span=token_span(name),
+        )
+        return ("clock", node)
+
+    def listed_clock(self, meta, c):
+        name, *amounts, parent = c
+        listed = tuple(int(x) for x in amounts)
+        node = ir.Clock(
+            name=str(name),
+            kind="stepped",
+            steps=(min(listed), max(listed)),
+            listed=listed,
+            parent=str(parent),
+            span=token_span(name),
+        )
+        return ("clock", node)
+
     def product_clock(self, meta, c):
         node = ir.Clock(
             name=str(c[0]),

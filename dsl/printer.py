@@ -183,6 +183,12 @@ def print_contract(c: ir.Contract) -> str:
     for k in c.clocks:
         if k.kind == "rate":
             lines.append(f"clock {k.name} = {k.rate} per {k.parent}")
+        elif k.kind == "stepped" and k.listed:
+            lines.append(
+                f"clock {k.name} = {{" + ", ".join(map(str, k.listed)) + f"}} per {k.parent}"
+            )
+        elif k.kind == "stepped":
+            lines.append(f"clock {k.name} = {k.steps[0]}..{k.steps[1]} per {k.parent}")
         else:
             lines.append(f"clock {k.name} = (" + ", ".join(k.factors) + ")")
     for p in c.params:
