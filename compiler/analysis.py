@@ -118,7 +118,9 @@ class CallableAnalysis(_Frozen):
 
     def rows_shown(self) -> str:
         """The per-row ops as written: `aten.mean.dim, aten.mm.default by 8` (or -)."""
-        shown = [op + (f" by {n}" if n > 1 else "") for op, n in zip(self.batch_rows, self.batch_blocks)]
+        shown = [
+            op + (f" by {n}" if n > 1 else "") for op, n in zip(self.batch_rows, self.batch_blocks)
+        ]
         return ", ".join(shown) or "-"
 
 

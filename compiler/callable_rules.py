@@ -76,6 +76,21 @@ class CallableRules:
                 )
             if counter.tracks is not None:
                 self._check_tracks(k, counter)
+        for guard in k.guards:
+            where = f"guard '{guard.site.dotted()}' of callable '{k.name}'"
+            if guard.site.root == "result":
+                self.err(
+                    "CLK059",
+                    f"{where} must name a model attribute or item, not the " "call's result",
+                    guard.span,
+                )
+            elif guard.op != "==":
+                self.err(
+                    "CLK059",
+                    f"{where} names the one value its graphs are for "
+                    f"(`== VALUE`), not a comparison `{guard.op}`",
+                    guard.span,
+                )
         self._check_ambient(k)
         admit_names: set[str] = set()
         for cond in k.admit:

@@ -20,6 +20,7 @@ from duplexcadence.compiler.lowered import (
     CatalogRow,
     Constant,
     Counter,
+    Guard,
     Tracks,
     DictNode,
     FieldValue,
@@ -255,6 +256,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
         counters=tuple(_counter(n, checked) for n in k.counters),
+        guards=tuple(Guard(g.site.dotted(), g.value) for g in k.guards),
         objects=_objects(k, regions),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
         batch=(
@@ -457,6 +459,7 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
             ("Retains", k.retains),
             ("StateObject", k.objects),
             ("Counter", k.counters),
+            ("Guard", k.guards),
             ("Tracks", [n for n in k.counters if n.tracks is not None]),
         ):
             if present:

@@ -116,6 +116,14 @@ class Counter:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """`guard PATH == VALUE` (runtime/state/guards.py)."""
+
+    site: str
+    value: bool | int | str
+
+
+@dataclass(frozen=True)
 class Retains:
     region: str
     steps: str  # dotted, from the result
@@ -153,6 +161,7 @@ class LoweredCallable:
     writes: tuple[str, ...]  # write-through regions with a site (pointer-checked)
     counters: tuple[Counter, ...]
     catalog: Catalog | None  # None when left eager
+    guards: tuple[Guard, ...] = ()
     batch: Batch | None = None  # None: one session per call
     objects: tuple["StateObject", ...] = ()  # object arguments (compiler/objects.py)
 

@@ -48,6 +48,7 @@ GENERATED_NAMES = frozenset(
         "Counter",
         "Effect",
         "FoldDecl",
+        "Guard",
         "HeadTail",
         "OneOf",
         "RegionViews",

@@ -32,7 +32,9 @@ legend:
 _BATCH_ONLY = {
     "batch_widths": True,
     "regions": {"__all__": {"slot", "slot_bytes", "batch_bytes"}},
-    "callables": {"__all__": {"batch_widths", "batch_axis", "batch_rows", "batch_blocks", "graphs"}},
+    "callables": {
+        "__all__": {"batch_widths", "batch_axis", "batch_rows", "batch_blocks", "graphs"}
+    },
 }
 
 

@@ -88,6 +88,7 @@ def _bound_sites(c: ir.Contract) -> list[tuple[str, ir.Path]]:
         if k.site is not None:
             out.append((f"callable '{k.name}'", k.site))
         out += [(f"counter of callable '{k.name}'", n.site) for n in k.counters]
+        out += [(f"guard of callable '{k.name}'", g.site) for g in k.guards]
     out += [
         (f"constant '{h.name}'", h.site)
         for h in c.constants
@@ -110,6 +111,7 @@ def _segment_problems(c: ir.Contract) -> list[Diagnostic]:
     for k in c.callables:
         paths += [(k.site, True)] if k.site is not None else []
         paths += [(n.site, True) for n in k.counters]
+        paths += [(g.site, True) for g in k.guards]
         paths += [(r.source, False) for r in k.retains]
         paths += [(a.path, True) for a in k.args]
         paths += [(o.site, True) for o in k.objects]
@@ -137,7 +139,8 @@ def _conflicts(bound: list[tuple[str, ir.Path]]) -> list[Diagnostic]:
     for what, path in bound:
         key = path_key(path)
         inside = next((key[:n] for n in range(1, len(key)) if key[:n] in sites), None)
-        if key in sites and not (what.startswith("counter") and sites[key].startswith("counter")):
+        host = ("counter", "guard")  # host values: read by several callables, never rebound
+        if key in sites and not (what.startswith(host) and sites[key].startswith(host)):
             message = f"{what} is bound at '{path.dotted()}', already the site of {sites[key]}"
         elif inside is not None:
             message = f"{what} at '{path.dotted()}' lies inside the site of {sites[inside]}"
@@ -212,6 +215,7 @@ def _all_paths(c: ir.Contract) -> list[tuple[ir.Path, bool]]:
     for k in c.callables:
         out += [(k.site, False)] if k.site is not None else []
         out += [(n.site, False) for n in k.counters]
+        out += [(g.site, False) for g in k.guards]
         out += [(r.source, False) for r in k.retains]
         out += [(a.path, False) for a in k.args]
     return out

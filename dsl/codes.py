@@ -309,6 +309,12 @@ _CODES = [
         "bad object argument",
         "`kwarg NAME: site PATH` passes the object the model holds at PATH (a transformers `Cache`, a padding cache): it is a whole keyword argument (no steps after NAME; a caller may still pass it by position), and some region must have its site inside PATH (the object's tensors, which become the argument's members `NAME[\"R\"]`).",
     ),
+    Code(
+        "CLK059",
+        "error",
+        "bad host guard",
+        "`guard PATH == VALUE` names a host value at a model site that picks the stock body's path (a flag its first call sets: transformers' `EncoderDecoderCache.is_updated`), not the call's result, and the one value (`==`) every class is captured with; a call while the site holds another value, or none, runs eager (miss `host_guard`).",
+    ),
     # ---- common syntax mistakes
     Code(
         "CLK060",

@@ -246,6 +246,17 @@ class HostCounter(Node):
     tracks: str | None = None
 
 
+class HostGuard(Node):
+    """`guard cache.is_updated[0] == true`: a host value at a site that picks the stock
+    body's path (a flag the first call sets), which no argument shows: every class is
+    captured with the site holding `value`, and a call while it holds anything else (or
+    nothing) runs eager (runtime/state/guards.py)."""
+
+    site: Path
+    op: str  # "==" (validation refuses the other comparisons: CLK059)
+    value: Literal_
+
+
 class Ambient(Node):
     """`ambient autocast in {off, float16}`: the states of one ambient axis the callable
     is called under; every class is captured once per state (runtime/engine/ambient.py)."""
@@ -295,6 +306,7 @@ class Callable(Node):
     configs: tuple[Config, ...] = ()
     admit: tuple[Condition, ...] = ()
     counters: tuple[HostCounter, ...] = ()
+    guards: tuple[HostGuard, ...] = ()
     ambient: tuple[Ambient, ...] = ()
     effects: Literal["none", "device_rng", "host_rng"] = "none"
     mode: Literal["replay", "eager"] = "replay"

@@ -326,6 +326,10 @@ class _ToIR(Transformer):
         )
         return _Prop("counters", node, meta_span(meta))
 
+    def prop_guard(self, meta, c):
+        node = ir.HostGuard(site=c[0], op=str(c[1]), value=c[2], span=meta_span(meta))
+        return _Prop("guards", node, meta_span(meta))
+
     def counter_staged(self, meta, c):
         return ("staged", True)
 
@@ -364,7 +368,7 @@ class _ToIR(Transformer):
         return _Prop("admit", tuple(c), meta_span(meta))
 
     # ---- blocks
-    _REPEATED = {"args", "retains", "configs", "counters", "ambient"}
+    _REPEATED = {"args", "retains", "configs", "counters", "guards", "ambient"}
     _LISTS = {"aliased", "writes"}
 
     def _fold(self, kind: str, name_tok: Token, props: list[_Prop]) -> dict:

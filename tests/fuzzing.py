@@ -369,6 +369,8 @@ class FakeModel:
             place(k.site, fn)
             for counter in k.counters:
                 place(counter.site, counter.start)
+            for guard in k.guards:  # the value the graphs are for: every call replays
+                place(guard.site, guard.value)
         return root, stock_callables
 
 

@@ -17,7 +17,7 @@ buffers it writes, the engine:
   at the pointer a captured class recorded for it; (iii) the effect was classified at
   capture (host RNG or a declaration that disagrees with the probe rejects the
   callable for good); (iv) every declared host counter (counters.py) has reached
-  its start.
+  its start, and every declared host guard (guards.py) holds its value.
   One signature may name several classes when they alias different region views of
   the same shape (``region r[i]``: slot i of a region, one class per slot): the call
   replays the class whose aliased pointers all equal the live ones, and misses with
@@ -45,6 +45,7 @@ import torch
 
 from ..controls import replay_enabled
 from ..state.counters import HostCounter, replay_advancing
+from ..state.guards import HostGuard
 from ..state.regions import Region
 from . import signature as R
 from .ambient import AUTOCAST_OFF, Autocast, ambient_state
@@ -80,6 +81,7 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         pool: Any = None,
         backend: GraphBackend | None = None,
         counters: tuple[HostCounter, ...] | list[HostCounter] = (),
+        guards: tuple[HostGuard, ...] | list[HostGuard] = (),
         ambient: tuple[Autocast, ...] | list[Autocast] = (AUTOCAST_OFF,),
         like: "ExactShapeReplay | None" = None,
     ) -> None:
@@ -101,6 +103,9 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         self.warmup = max(1, int(warmup))  # the probe is the first warm-up call
         self.pool = pool
         self.counters = tuple(counters)
+        self.guards = tuple(guards)
+        # what capture sets for every class and puts back after it: counters and guards
+        self.host_values = self.counters + self.guards
         # every declared counter is traced while capturing (staging.py): guarded, and
         # a staged one read live by the graphs
         self.staging = Staging(self.counters) if self.counters else None
@@ -170,6 +175,9 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         for counter in self.counters:
             if not counter.ready():
                 return self._eager(R.COUNTER_BEFORE_START, args, kwargs)
+        for guard in self.guards:
+            if not guard.holds():
+                return self._eager(R.HOST_GUARD, args, kwargs, guard.mismatch)
         sig, leaves = signature_and_leaves(args, kwargs)
         hit = self._dispatch.lookup(sig)
         if type(hit) is Miss:

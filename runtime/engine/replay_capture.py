@@ -64,7 +64,7 @@ class CaptureSteps:
         snap = CaptureSnapshot(
             self.regions,
             self.write_through,
-            self.counters,
+            self.host_values,
             self.backend,
             self.device,
             keep=keep_contents,
@@ -200,9 +200,9 @@ class CaptureSteps:
             and self.effect is not None
         ):
             # classified on another lane and this stream already warmed: capture only
-            at_start(self.counters, e.cls.extents)
+            at_start(self.host_values, e.cls.extents)
             return self._capture_graph(e, t0, None)
-        at_start(self.counters, e.cls.extents)
+        at_start(self.host_values, e.cls.extents)
         host0, dev0 = host_rng_snapshot(), b.device_rng_state(dev)
         b.run_eager(eager_fn, args, kwargs, dev, 1)  # the probe
         effect = classify(host0, host_rng_snapshot(), dev0, b.device_rng_state(dev))
@@ -222,7 +222,7 @@ class CaptureSteps:
         self.effect = effect
         program = None
         if self.warmup > 1 and not self._warmed:
-            at_start(self.counters, e.cls.extents)
+            at_start(self.host_values, e.cls.extents)
             if self.warmup > 2:
                 b.run_eager(eager_fn, args, kwargs, dev, self.warmup - 2)
             # the last warm-up is the call the capture is checked against: the first
@@ -230,7 +230,7 @@ class CaptureSteps:
             program = self._recorded(eager_fn, args, kwargs)
             snap.restore(buffers=False)
         self._warmed = True
-        at_start(self.counters, e.cls.extents)
+        at_start(self.host_values, e.cls.extents)
         if not self._capture_graph(e, t0, program):
             e.status = "rejected"
             return False

@@ -52,6 +52,9 @@ NO_CUDA = "no_cuda"
 DISABLED = "disabled"
 GRAD_ENABLED = "grad_enabled"
 COUNTER_BEFORE_START = "counter_before_start"
+# a host value the body branches on is not the one the graphs were captured with
+# (state/guards.py: `guard PATH == VALUE`)
+HOST_GUARD = "host_guard"
 # a staged counter's value breaks what the class's capture decided with it (a shape
 # class it left, or a value a kernel baked): staging.py names the use
 STAGED_GUARD = "staged_guard"

@@ -43,7 +43,7 @@ from .params import ParamDecl
 from ..state.regions import RegionSpec
 from ..state.retention import Retention
 from ..state.sites import Step
-from .declared_args import Aliased, Counter, Retains, StateObject, _normalise, _steps
+from .declared_args import Aliased, Counter, Guard, Retains, StateObject, _normalise, _steps
 
 Install = Literal["carry", "allocate", "stock", "pinned", "declared"]
 PER_SESSION = frozenset({"turn", "session"})
@@ -108,11 +108,16 @@ class BatchDecl:
     blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _normalise(self, widths=tuple(self.widths), rows=tuple(self.rows), blocks=tuple(self.blocks))
+        _normalise(
+            self, widths=tuple(self.widths), rows=tuple(self.rows), blocks=tuple(self.blocks)
+        )
         if self.blocks and (
-            len(self.blocks) != len(self.rows) or any(type(n) is not int or n < 1 for n in self.blocks)
+            len(self.blocks) != len(self.rows)
+            or any(type(n) is not int or n < 1 for n in self.blocks)
         ):
-            raise ValueError(f"batch blocks must be one positive int per row op, got {self.blocks!r}")
+            raise ValueError(
+                f"batch blocks must be one positive int per row op, got {self.blocks!r}"
+            )
         if not self.widths or any(type(w) is not int or w < 1 for w in self.widths):
             raise ValueError(f"batch widths must be positive ints, got {self.widths!r}")
         if self.axis < 0:
@@ -165,6 +170,7 @@ class CallableDecl:
     # region in `writes` installed "pinned" (ContractDecl derives them)
     pins: tuple[str, ...] = ()
     counters: tuple[Counter, ...] = ()
+    guards: tuple[Guard, ...] = ()  # host values the body branches on (state/guards.py)
     # `layout free` arguments, ("args" | "kwargs", steps): a view of any layout is
     # replaced by a contiguous copy before the call is keyed (the contract states the
     # callable's values do not depend on its layout), so the catalog names shapes only
@@ -255,6 +261,9 @@ class ContractDecl:
                 out[r.name] = r.site
         for k in self.callables:
             out[k.name] = k.site
+            for g in k.guards:  # the value may be absent (set by the first call)
+                if len(g.site) > 1:
+                    out[f"{k.name} (its guard's container)"] = g.site[:-1]
         for c in self.constants:
             if c.site is not None and c.install == "device_buffer":
                 out[c.name] = c.site

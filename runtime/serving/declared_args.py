@@ -83,3 +83,15 @@ class Counter:
 
     def __post_init__(self) -> None:
         _normalise(self, site=_steps(self.site))
+
+
+@dataclass(frozen=True)
+class Guard:
+    """``guard PATH == VALUE``: the host value at ``site`` every class is captured with
+    and every replay needs there (state/guards.py)."""
+
+    site: tuple[Step, ...]
+    value: bool | int | str
+
+    def __post_init__(self) -> None:
+        _normalise(self, site=_steps(self.site))

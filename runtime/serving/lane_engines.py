@@ -16,6 +16,7 @@ import torch
 from ..engine.per_row import PerRow
 from ..engine.replay import ExactShapeReplay
 from ..state.counters import HostCounter
+from ..state.guards import guard_at
 from ..state.pins import pin_at
 from ..state.regions import LayoutError
 from ..state.site_reads import SiteReads
@@ -88,6 +89,7 @@ class LaneEngines:
                 )
                 for c in k.counters
             ],
+            guards=[guard_at(b.model, g.site, g.value) for g in k.guards],
             ambient=b.ambient_of(k),
             # lane 0 classifies effects and warms kernels, allocator and libraries; a later
             # lane (or a new parameter value) warms each class once and then only captures

@@ -87,7 +87,8 @@ class HostCounter:
 
 def at_start(counters: Sequence[HostCounter], extents: Mapping[str, int] = {}) -> None:
     """Every counter where a class with these region extents is met (``start`` unless it
-    tracks one of them): warm-up and capture take the branch the graph is for."""
+    tracks one of them): warm-up and capture take the branch the graph is for. (Host
+    guards, guards.py, pass here too: they hold their value for every class.)"""
     for counter in counters:
         counter.write(counter.at_class(extents))
 
