@@ -1,0 +1,264 @@
+"""Stock Whisper (``transformers`` 4.57.6) decoding over a static cache, seeded random weights.
+
+The workload is the released code of PyPI ``transformers==4.57.6`` (Apache-2.0),
+``models/whisper``, imported from the installed distribution; nothing of it is copied
+here. It needs what bench/workloads/transformers_mimi.py needs (the same release and its
+import-time dependencies: ``bench/requirements-qwen3-code2wav.txt``).
+
+What this module adds around the vendor code, and nothing more:
+
+* ``build_whisper(shape)``: ``WhisperForConditionalGeneration(WhisperConfig(...))`` under
+  a fixed seed, eval, with ``attn_implementation="eager"``: on a static cache the SDPA
+  path skips the causal mask for a single query (transformers' ``_ignore_causal_mask_sdpa``)
+  and would attend all 448 positions, the unwritten ones too; eager attention always
+  masks by ``cache_position``. ``SHAPES["large-v3"]`` is openai/whisper-large-v3's
+  architecture; ``SHAPES["tiny"]`` keeps its 32 decoder layers, vocabulary and positions
+  with 4 heads of 8 (the CPU tests' shape: ``contract_text`` writes its constants into
+  contracts/whisper_decoder.clock).
+* ``new_state(model)``: ``SimpleNamespace(whisper, cache)``, the cache the vendor's
+  ``generate`` makes for ``cache_implementation="static"``: an ``EncoderDecoderCache`` of
+  a ``StaticCache`` over the 448 decoder positions and one over the 1500 encoder frames,
+  initialized up front (``early_initialization``: the vendor otherwise allocates each
+  layer on its first update, after bind).
+* ``Request``: one utterance's seeded log-mel features, encoded by the vendor's encoder;
+  ``prefill`` resets the cache (the vendor's ``reset``: zeros, ``is_updated`` False) and
+  runs the 4-token start-of-transcript prompt, the call that fills the cross-attention
+  cache; ``decode(tokens, position)`` is one decoder call of any width over the cache,
+  ``decoder(input_ids, encoder_hidden_states, past_key_values, cache_position,
+  use_cache=True, return_dict=False)`` then ``proj_out``: the logits of every position.
+  Greedy decoding calls it with one token; verifying w drafted tokens with w + 1.
+
+Seeding (``subseed(seed, k)``): weights <- ``torch.manual_seed(subseed(seed, 0))``, drawn
+on the device the model is built on (the same seed gives other weights on a GPU than on
+the CPU; every cell of a run builds on one device);
+features <- a private CPU generator at ``subseed(request_seed, 1)``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from bench.workloads import installed_version as _installed_version
+from bench.workloads import release_missing, subseed
+
+DIST_NAME = "transformers"
+DIST_VERSION = "4.57.6"
+REQUIREMENTS = "bench/requirements-qwen3-code2wav.txt"  # the same transformers release
+
+SHAPES = {
+    # openai/whisper-large-v3's architecture
+    "large-v3": dict(d_model=1280, heads=20, encoder_layers=32, ffn=5120),
+    # the CPU tests' shape: the same decoder depth, vocabulary and positions, tiny widths
+    "tiny": dict(d_model=32, heads=4, encoder_layers=2, ffn=64),
+}
+DECODER_LAYERS = 32
+VOCAB = 51866
+MEL_BINS = 128
+POSITIONS = 448  # max_target_positions
+FRAMES = 1500  # max_source_positions (3000 mel frames, 30 s)
+# <|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|> in large-v3's vocabulary
+PROMPT = (50258, 50259, 50360, 50364)
+
+
+def installed_version() -> str | None:
+    return _installed_version(DIST_NAME)
+
+
+def unavailable_reason() -> str | None:
+    """Why the stock workload cannot be built here (None when it can)."""
+    return release_missing(
+        "transformers",
+        DIST_NAME,
+        DIST_VERSION,
+        REQUIREMENTS,
+        ("numpy", "regex", "tokenizers", "huggingface_hub", "safetensors", "yaml", "requests"),
+    )
+
+
+def config(shape: str) -> Any:
+    from transformers import WhisperConfig
+
+    s = SHAPES[shape]
+    return WhisperConfig(
+        vocab_size=VOCAB,
+        num_mel_bins=MEL_BINS,
+        d_model=s["d_model"],
+        encoder_layers=s["encoder_layers"],
+        decoder_layers=DECODER_LAYERS,
+        encoder_attention_heads=s["heads"],
+        decoder_attention_heads=s["heads"],
+        encoder_ffn_dim=s["ffn"],
+        decoder_ffn_dim=s["ffn"],
+        max_source_positions=FRAMES,
+        max_target_positions=POSITIONS,
+        decoder_start_token_id=PROMPT[0],
+        attn_implementation="eager",
+    )
+
+
+def build_whisper(shape: str = "large-v3", seed: int = 0, device: Any = "cpu") -> Any:
+    """The released WhisperForConditionalGeneration at ``shape``, seeded, eval."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ImportError(reason)
+    from transformers import WhisperForConditionalGeneration
+
+    torch.manual_seed(subseed(seed, 0))
+    # initialized where it runs: large-v3's 1.5 B parameters take minutes on a CPU
+    with torch.device(device):
+        return WhisperForConditionalGeneration(config(shape)).eval()
+
+
+def contract_text(shape: str, path: str = "contracts/whisper_decoder.clock") -> str:
+    """contracts/whisper_decoder.clock with ``shape``'s widths as its constants (the
+    contract is written for large-v3; the tiny shape differs in these three only)."""
+    from pathlib import Path
+
+    s = SHAPES[shape]
+    text = Path(path).read_text()
+    for name, value in (
+        ("heads", s["heads"]),
+        ("head_dim", s["d_model"] // s["heads"]),
+        ("d_model", s["d_model"]),
+    ):
+        old = f"const {name} = {SHAPES['large-v3'][name] if name != 'head_dim' else 64}"
+        assert old in text, old
+        text = text.replace(old, f"const {name} = {value}")
+    return text
+
+
+def new_state(model: Any) -> SimpleNamespace:
+    """``SimpleNamespace(whisper=model, cache)``: the static encoder-decoder cache,
+    initialized (module docstring)."""
+    from transformers.cache_utils import EncoderDecoderCache, StaticCache
+
+    cfg = model.config
+    p = next(model.parameters())
+    head_dim = cfg.d_model // cfg.decoder_attention_heads
+    caches = []
+    for length in (POSITIONS, FRAMES):
+        cache = StaticCache(config=cfg, max_cache_len=length)
+        cache.early_initialization(1, cfg.decoder_attention_heads, head_dim, p.dtype, p.device)
+        caches.append(cache)
+    return SimpleNamespace(whisper=model, cache=EncoderDecoderCache(*caches))
+
+
+def features(request_seed: int, device: Any = "cpu") -> torch.Tensor:
+    """Seeded log-mel-like features ``[1, 128, 3000]`` (30 s), float32."""
+    g = torch.Generator().manual_seed(subseed(request_seed, 1))
+    return torch.randn(1, MEL_BINS, 2 * FRAMES, generator=g).to(device)
+
+
+class Request:
+    """One utterance on ``state``'s cache: encode, prefill the prompt, decode."""
+
+    def __init__(self, state: SimpleNamespace, request_seed: int) -> None:
+        self.state = state
+        model = state.whisper
+        self.device = next(model.parameters()).device
+        with torch.no_grad():
+            self.encoded = model.model.encoder(
+                features(request_seed, self.device), return_dict=False
+            )[0]
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """One decoder call: ``tokens`` ``[1, w]`` at positions ``position ..
+        position + w - 1``; the logits ``[1, w, vocab]``."""
+        s = self.state
+        w = tokens.shape[1]
+        hidden, _ = s.whisper.model.decoder(
+            input_ids=tokens,
+            encoder_hidden_states=self.encoded,
+            past_key_values=s.cache,
+            cache_position=torch.arange(position, position + w, device=self.device),
+            use_cache=True,
+            return_dict=False,
+        )
+        return s.whisper.proj_out(hidden)
+
+    def prefill(self) -> torch.Tensor:
+        """Reset the cache and run the prompt: the next token's logits ``[1, vocab]``."""
+        self.state.cache.reset()
+        prompt = torch.tensor([PROMPT], device=self.device)
+        return self.decode(prompt, 0)[:, -1]
+
+    def greedy(self, n: int) -> list[int]:
+        """The target alone: ``n`` tokens, one call each (no EOS stop: random weights)."""
+        token = self.prefill().argmax(-1)
+        out = []
+        for i in range(n):
+            out.append(int(token))
+            token = self.decode(token[:, None], len(PROMPT) + i)[:, -1].argmax(-1)
+        return out
+
+
+class GreedyStream:
+    """The target alone: one greedy token per ``step()`` (a width-1 decoder call), the
+    token IDs ``[1, 1]`` int64; a new request (its prefill: eager, the guard) when the
+    448 positions are full. Request k's features are seeded ``subseed(seed, 2 + k)``."""
+
+    def __init__(self, state: SimpleNamespace, seed: int, n_steps: int = 0) -> None:
+        self.state, self.seed, self.requests = state, seed, 0
+        self._next_request()
+
+    def _next_request(self) -> None:
+        self.request = Request(self.state, subseed(self.seed, 2 + self.requests))
+        self.requests += 1
+        self.token = self.request.prefill().argmax(-1)[:, None]
+        self.position = len(PROMPT)
+
+    def _room(self, w: int) -> None:
+        if self.position + w > POSITIONS:
+            self._next_request()
+
+    def step(self) -> torch.Tensor:
+        self._room(1)
+        logits = self.request.decode(self.token, self.position)
+        self.position += 1
+        self.token = logits[:, -1].argmax(-1)[:, None]
+        return self.token.clone()
+
+
+class VerifyStream(GreedyStream):
+    """Verify rounds (speculative decoding's target side): step k verifies ``w - 1``
+    drafted tokens at width ``w = widths[k % len(widths)]`` — the last committed token
+    and the drafts in one call — and commits the drafts that match the target's argmax
+    plus the target's own next token. The drafts are seeded random tokens (a random
+    drafter: almost nothing is accepted; what the speed of verification alone needs).
+    A step returns the target's argmax at every position ``[1, w]`` int64."""
+
+    def __init__(
+        self, state: SimpleNamespace, seed: int, n_steps: int = 0, widths=tuple(range(1, 10))
+    ) -> None:
+        self.widths, self.rounds = tuple(widths), 0
+        self.drafts = torch.Generator().manual_seed(subseed(seed, 15))
+        super().__init__(state, seed, n_steps)
+
+    def step(self) -> torch.Tensor:
+        w = self.widths[self.rounds % len(self.widths)]
+        self.rounds += 1
+        self._room(w)
+        drafts = torch.randint(0, VOCAB, (1, w - 1), generator=self.drafts).to(self.token.device)
+        tokens = torch.cat([self.token, drafts], dim=1)
+        target = self.request.decode(tokens, self.position).argmax(-1)  # [1, w]
+        matches = (target[0, : w - 1] == drafts[0]).int().cumprod(0)
+        accepted = int(matches.sum())
+        self.position += accepted + 1
+        self.token = target[:, accepted : accepted + 1]
+        return target
+
+
+def bind_adapter(
+    state: SimpleNamespace, device: Any = None, *, capture: bool = True, backend: Any = None
+) -> Any:
+    """Bind the generated adapter (contracts/whisper_decoder.clock, large-v3) to a
+    state; another shape compiles the contract with its constants (``contract_text``)."""
+    from duplexcadence.generated import whisper_decoder
+
+    return whisper_decoder.adapter.bind(
+        state, device=device, capture=capture, progress=False, backend=backend
+    )
