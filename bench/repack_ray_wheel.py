@@ -26,6 +26,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 RAY = "ray==2.60.0"
 DEPS = (
@@ -66,14 +67,17 @@ def _digest(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def repack(wheel: Path, out: Path) -> Path:
-    """``wheel`` without the entries under ``ray/jars/``, its RECORD rewritten to match."""
+def repack(
+    wheel: Path, out: Path, dropped: Callable[[str], bool] = lambda name: name.startswith(DROP)
+) -> Path:
+    """``wheel`` without the entries ``dropped`` names (Ray's: those under ``ray/jars/``),
+    its RECORD rewritten to match (bench/repack_transformers_wheel.py trims another)."""
     target = out / wheel.name
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as dst:
         record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
         kept = []
         for info in src.infolist():
-            if info.filename.startswith(DROP) or info.filename == record_name:
+            if dropped(info.filename) or info.filename == record_name:
                 continue
             data = src.read(info)
             dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
