@@ -6,15 +6,18 @@ adapter (issue 25; the cells are bench/decoders.py's). Two entry points, one per
         --out bench/results/whisper_greedy_h200
     python -m bench.whisper_verify --device cuda --blocks 1 --rounds 243 --warmup 9 \\
         --profile-rounds 0 --cells stock,adapter --out bench/results/whisper_verify_h200
+    python -m bench.whisper_verify ... --widths 9 --epsilon 0.22   # speculative, ~3 of 8
 
 The workload is PyPI ``transformers==4.57.6`` as ``bench.workloads.transformers_whisper``
 builds it (``WhisperForConditionalGeneration`` at large-v3's shape, seeded random
 weights, fp32, eager attention, batch 1) over the vendor's static ``EncoderDecoderCache``.
 One step of ``whisper_greedy`` is one greedy token (the target alone: a width-1 decoder
 call and the LM head); one step of ``whisper_verify`` is one verify round, widths
-cycling 1..9 (the last committed token and up to 8 seeded random drafts in one call),
-so its per-step times are the mean over widths. Hashed: the int64 token IDs each step
-returns. The request's prompt (its first call, which fills the cross-attention cache)
+cycling over ``--widths`` (the last committed token and up to 8 drafts in one call: seeded
+random tokens, or with ``--epsilon e`` the target's own greedy tokens each corrupted with
+probability e, a drafter of controlled acceptance); its per-step times are the mean over
+widths. Hashed: the int64 token IDs each step commits (``n_tokens``: tokens per round x
+rounds, so tokens/s = n_tokens / rounds / round time). The request's prompt (its first call, which fills the cross-attention cache)
 runs when the stream opens, before any cell binds. The compile controls wrap the
 decoder module's ``forward`` (the vendor's own graph path is a static cache under
 ``torch.compile``).
@@ -40,8 +43,33 @@ TOKENS = Stream(
 PARTS = {
     # part: (how a stream opens on a model, the step's unit)
     "greedy": (lambda m, args, n: _w().GreedyStream(_w().new_state(m), args.seed, n), "token"),
-    "verify": (lambda m, args, n: _w().VerifyStream(_w().new_state(m), args.seed, n), "round"),
+    "verify": (
+        lambda m, args, n: _w().VerifyStream(
+            _w().new_state(m),
+            args.seed,
+            n,
+            widths=tuple(int(w) for w in args.widths.split(",")),
+            epsilon=args.epsilon,
+        ),
+        "round",
+    ),
 }
+
+
+# the verify loop's own flags: which widths its rounds cycle and where the drafts come from
+VERIFY_FLAGS = {
+    "--widths": dict(
+        default="1,2,3,4,5,6,7,8,9",
+        help="the widths the rounds cycle (w - 1 drafts each); one width: a fixed draft length",
+    ),
+    "--epsilon": dict(
+        type=float,
+        default=None,
+        help="drafts from the target's own greedy tokens, each replaced by a random one "
+        "with this probability (0.22: about 3 of 8 accepted); unset: random drafts",
+    ),
+}
+VERIFY_DESTS = ("widths", "epsilon")
 
 
 def workload(part: str) -> Workload:
@@ -89,7 +117,8 @@ def workload(part: str) -> Workload:
             "out": f"bench/results/whisper_{part}_quick",
             "worker_timeout": 900.0,
         },
-        flags=D.FLAGS,
+        flags=D.FLAGS if part == "greedy" else {**D.FLAGS, **VERIFY_FLAGS},
+        measure_flags=() if part == "greedy" else tuple(VERIFY_DESTS),
         doc_keys=D.DOC_KEYS,
         settings=lambda args: {
             "compile_timeout_s": args.compile_timeout,

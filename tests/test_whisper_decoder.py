@@ -25,10 +25,10 @@ def tiny_adapter():
     return importlib.import_module(f"{name}.adapter")
 
 
-def run(stream_type, steps: int, adapter=None):
+def run(stream_type, steps: int, adapter=None, **kw):
     """(the step outputs, the stream's state, the binding or None) of a fresh model."""
     state = W.new_state(W.build_whisper("tiny", seed=0))
-    stream = stream_type(state, seed=3)
+    stream = stream_type(state, seed=3, **kw)
     binding = None
     if adapter is not None:
         binding = adapter.bind(state, device="cpu", backend="simulate", progress=False)
@@ -64,6 +64,19 @@ def test_verify_rounds_at_every_width_replay_and_equal_the_vendor():
     assert {c["name"] for c in decode["classes"] if c["hits"] == 3} == {
         f"w={w},use_cache=True,return_dict=False" for w in range(1, 10)
     }
+
+
+def test_drafts_of_controlled_acceptance_replay_at_a_fixed_width():
+    """Speculative rounds at width 9 whose drafts are the target's own greedy tokens,
+    each corrupted with probability 0.22 (about 3 of 8 accepted): bound equals stock."""
+    stock, stock_state, _ = run(W.VerifyStream, 12, widths=(9,), epsilon=0.22)
+    got, state, binding = run(W.VerifyStream, 12, tiny_adapter(), widths=(9,), epsilon=0.22)
+    assert all(torch.equal(a, b) for a, b in zip(got, stock, strict=True))
+    assert caches_equal(state, stock_state)
+    committed = sum(t.shape[1] for t in got) / len(got)
+    assert 1 < committed < 9, committed  # some drafts accepted, some not
+    decode = binding.stats()["callables"]["decode"]
+    assert decode["hits"] == 12 and not decode["misses"], decode
 
 
 def test_a_second_request_s_prompt_runs_eager_and_its_tokens_replay():

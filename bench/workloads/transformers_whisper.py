@@ -224,32 +224,67 @@ class GreedyStream:
 
 
 class VerifyStream(GreedyStream):
-    """Verify rounds (speculative decoding's target side): step k verifies ``w - 1``
+    """Verify rounds (speculative decoding's target side): round k verifies ``w - 1``
     drafted tokens at width ``w = widths[k % len(widths)]`` — the last committed token
     and the drafts in one call — and commits the drafts that match the target's argmax
-    plus the target's own next token. The drafts are seeded random tokens (a random
-    drafter: almost nothing is accepted; what the speed of verification alone needs).
-    A step returns the target's argmax at every position ``[1, w]`` int64."""
+    plus the target's own next token; a step returns the committed tokens ``[1, a + 1]``
+    int64 (a: the drafts accepted). The drafts, seeded (``subseed(seed, 15)``):
+
+    * ``epsilon`` None: random tokens (a random drafter: almost nothing is accepted);
+    * ``epsilon`` e: the target's own greedy tokens at those positions (computed at the
+      request's start with width-1 calls, before any cell binds), each replaced by a
+      random token with probability e — a drafter whose acceptance the run controls
+      (0: self-drafting, every draft accepted unless width-w rounding flips an argmax).
+    """
 
     def __init__(
-        self, state: SimpleNamespace, seed: int, n_steps: int = 0, widths=tuple(range(1, 10))
+        self,
+        state: SimpleNamespace,
+        seed: int,
+        n_steps: int = 0,
+        widths=tuple(range(1, 10)),
+        epsilon: float | None = None,
     ) -> None:
-        self.widths, self.rounds = tuple(widths), 0
+        self.widths, self.epsilon, self.rounds = tuple(widths), epsilon, 0
         self.drafts = torch.Generator().manual_seed(subseed(seed, 15))
         super().__init__(state, seed, n_steps)
+
+    def _next_request(self) -> None:
+        super()._next_request()
+        self.trajectory = None
+        if self.epsilon is not None:  # the greedy tokens at positions 4.., then back
+            first = self.token
+            self.trajectory = torch.cat([first[0], torch.tensor(self.greedy_after(first))])
+            self.request.prefill()
+
+    def greedy_after(self, token: torch.Tensor) -> list[int]:
+        out = []
+        for p in range(len(PROMPT), POSITIONS - 1):
+            token = self.request.decode(token, p)[:, -1].argmax(-1)[:, None]
+            out.append(int(token))
+        return out
+
+    def _draft(self, w: int) -> torch.Tensor:
+        random = torch.randint(0, VOCAB, (w - 1,), generator=self.drafts)
+        if self.trajectory is None:
+            return random
+        at = self.position - len(PROMPT) + 1  # the trajectory's token at position + 1
+        oracle = self.trajectory[at : at + w - 1]
+        oracle = torch.cat([oracle, random[len(oracle) :]])  # past the request's end
+        keep = torch.rand(w - 1, generator=self.drafts) >= self.epsilon
+        return torch.where(keep, oracle, random)
 
     def step(self) -> torch.Tensor:
         w = self.widths[self.rounds % len(self.widths)]
         self.rounds += 1
         self._room(w)
-        drafts = torch.randint(0, VOCAB, (1, w - 1), generator=self.drafts).to(self.token.device)
+        drafts = self._draft(w).to(self.token.device)[None]
         tokens = torch.cat([self.token, drafts], dim=1)
         target = self.request.decode(tokens, self.position).argmax(-1)  # [1, w]
-        matches = (target[0, : w - 1] == drafts[0]).int().cumprod(0)
-        accepted = int(matches.sum())
+        accepted = int((target[0, : w - 1] == drafts[0]).int().cumprod(0).sum())
         self.position += accepted + 1
         self.token = target[:, accepted : accepted + 1]
-        return target
+        return target[:, : accepted + 1]
 
 
 def bind_adapter(
