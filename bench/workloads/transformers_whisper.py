@@ -41,12 +41,16 @@ from typing import Any
 
 import torch
 
-from bench.workloads import installed_version as _installed_version
-from bench.workloads import release_missing, subseed
+from bench.workloads import subseed
 
-DIST_NAME = "transformers"
-DIST_VERSION = "4.57.6"
-REQUIREMENTS = "bench/requirements-qwen3-code2wav.txt"  # the same transformers release
+# the same transformers release as Mimi's workload, and what it needs
+from bench.workloads.transformers_mimi import (  # noqa: F401 (the workload's interface)
+    DIST_NAME,
+    DIST_VERSION,
+    REQUIREMENTS,
+    installed_version,
+    unavailable_reason,
+)
 
 SHAPES = {
     # openai/whisper-large-v3's architecture
@@ -61,21 +65,6 @@ POSITIONS = 448  # max_target_positions
 FRAMES = 1500  # max_source_positions (3000 mel frames, 30 s)
 # <|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|> in large-v3's vocabulary
 PROMPT = (50258, 50259, 50360, 50364)
-
-
-def installed_version() -> str | None:
-    return _installed_version(DIST_NAME)
-
-
-def unavailable_reason() -> str | None:
-    """Why the stock workload cannot be built here (None when it can)."""
-    return release_missing(
-        "transformers",
-        DIST_NAME,
-        DIST_VERSION,
-        REQUIREMENTS,
-        ("numpy", "regex", "tokenizers", "huggingface_hub", "safetensors", "yaml", "requests"),
-    )
 
 
 def config(shape: str) -> Any:
