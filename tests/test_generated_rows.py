@@ -247,12 +247,16 @@ def test_region_table_passes_the_shifts_and_leaves_them_out_when_unset():
 
 
 def test_generated_files_stay_small():
-    """Issue 12: every generated file at most 250 lines besides its tables' rows (one
-    line per region and one per catalog class: what the contract declares, not
-    boilerplate; Mimi's encoder has 27 regions and 126 classes)."""
+    """Issue 12: every generated file at most 250 lines besides its tables' rows: what
+    the contract declares, not boilerplate. A region is two lines (its size comment and
+    its entry), a catalog class one (Mimi's encoder: 27 regions, 126 classes), and a
+    member of an object argument three more, one in each place it is named: its
+    aliasing, its view in the catalog and the object's member list (Whisper's decoder:
+    128 cache tensors, 9 classes)."""
     for path in GENERATED:
         module = importlib.import_module(f"duplexcadence.generated.{path.parent.name}.contract")
-        rows = len(module.REGIONS) + sum(len(c) for c in module.CATALOG.values())
+        rows = 2 * len(module.REGIONS) + sum(len(c) for c in module.CATALOG.values())
+        rows += 3 * sum(len(o.members) for k in module.CALLABLES for o in k.objects)
         assert len(path.read_text().splitlines()) <= 250 + rows, path
 
 
