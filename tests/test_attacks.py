@@ -137,6 +137,18 @@ def test_runtime_writes_only_the_object_itself_and_checks_first():
         get_at(types.SimpleNamespace(b=builtins), (("attr", "b"), ("attr", "exec")))
 
 
+def test_sites_missing_for_one_reason_are_named_a_few_at_a_time():
+    """A contract of 130 cache tensors bound to the wrong object: one readable line."""
+    sites = {f"k{i}": (("attr", "state"), ("key", f"k{i}")) for i in range(130)}
+    sites["lin"] = (("attr", "lin"), ("attr", "bias"), ("attr", "x"))
+    with pytest.raises(SiteError) as e:
+        require_sites(types.SimpleNamespace(lin=torch.nn.Linear(2, 2)), sites)
+    text = str(e.value)
+    assert 'k0 at state["k0"]; k1 at state["k1"]; k2 at state["k2"] and 127 more' in text
+    assert "lin at lin.bias.x" in text and text.endswith("(nothing was changed)")
+    assert len(text) < 600, text
+
+
 def test_newline_in_file_name_cannot_inject_code(tmp_path):
     evil = tmp_path / 'x\nopen("pwned", "w")\n#.clock'
     evil.write_text((ROOT / "tests/golden/streaming_cache/contract.clock").read_text())

@@ -316,15 +316,26 @@ def require_sites(obj: Any, sites: dict[str, tuple[Step, ...]]) -> None:
     """Check every binding site before anything is changed, so a wrong object (or a
     contract written for another version, or a site that leaves the object's own
     tree) fails with one clear error and leaves the model untouched."""
-    missing = []
+    missing: dict[str, list[str]] = {}  # reason -> the sites that fail for it
     for name, steps in sites.items():
         try:
             get_at(obj, steps)
         except SiteError as exc:
-            missing.append(f"{name} at {format_path(steps)} ({exc.reason})")
+            missing.setdefault(exc.reason, []).append(f"{name} at {format_path(steps)}")
     if missing:
+        # sites that fail for one reason (a wrong root: all of them) are named a few at a
+        # time: a contract of 130 cache tensors bound to the wrong object is one line
+        parts = []
+        for reason, where in missing.items():
+            shown = "; ".join(where[:_SHOWN]) + (
+                f" and {len(where) - _SHOWN} more" if len(where) > _SHOWN else ""
+            )
+            parts.append(f"{shown} ({reason})")
         raise SiteError(
             f"{type(obj).__name__} has no binding site for: "
-            + "; ".join(missing)
+            + "; ".join(parts)
             + " (nothing was changed)"
         )
+
+
+_SHOWN = 3  # sites named per reason in require_sites' error
