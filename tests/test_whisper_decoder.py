@@ -89,3 +89,12 @@ def test_a_second_request_s_prompt_runs_eager_and_its_tokens_replay():
     decode = binding.stats()["callables"]["decode"]
     assert decode["misses"] == {"host_guard": 1}, decode
     assert decode["hits"] == 450
+
+
+def test_the_greedy_loop_decodes_what_the_vendor_s_generate_decodes():
+    """The host loop over the static cache (width-1 calls) against transformers' own
+    ``generate()`` greedy (a DynamicCache): the same 40 token IDs at the tiny shape."""
+    model = W.build_whisper("tiny", seed=0)
+    stream = W.GreedyStream(W.new_state(model), seed=3)
+    ours = [int(stream.token)] + [int(stream.step()) for _ in range(39)]
+    assert ours == W.vendor_greedy(model, W.subseed(3, 2), 40)

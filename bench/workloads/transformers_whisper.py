@@ -185,6 +185,25 @@ class Request:
         return out
 
 
+@torch.no_grad()
+def vendor_greedy(model: Any, request_seed: int, n: int) -> list[int]:
+    """The vendor's own loop: ``generate()`` greedy from the same prompt, ``n`` new tokens
+    (its cache a DynamicCache it makes; the begin-suppress list cleared: no loop here
+    applies logits processors, and random weights need no EOS)."""
+    device = next(model.parameters()).device
+    model.generation_config.begin_suppress_tokens = None
+    model.generation_config.suppress_tokens = None
+    out = model.generate(
+        features(request_seed, device),
+        decoder_input_ids=torch.tensor([PROMPT], device=device),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        num_beams=1,
+    )
+    return out[0, -n:].tolist()
+
+
 class GreedyStream:
     """The target alone: one greedy token per ``step()`` (a width-1 decoder call), the
     token IDs ``[1, 1]`` int64; a new request (its prefill: eager, the guard) when the
