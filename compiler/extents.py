@@ -118,6 +118,23 @@ class AmountSet:
                     heapq.heappush(heap, (nw, nr))
         return a, tuple(w for w in best if w is not None)
 
+    def sums_below(self, x: int) -> list[int]:
+        """Every sum below x, in increasing order (the caller bounds their number by
+        ``count_below``): one range per residue of the Apéry table, or per run of sums
+        of k amounts of an interval."""
+        if x <= 0:
+            return []
+        if self.listed and len(self.listed) > 1:
+            g = self.gcd
+            a, apery = self._apery()
+            return sorted(n for w in apery for n in range(w * g, x, a * g))
+        out: set[int] = set()
+        k = 0
+        while k * self.lo < x:
+            out.update(range(k * self.lo, min(k * self.hi, x - 1) + 1))
+            k += 1
+        return sorted(out)
+
     def kth(self, k: int) -> int:
         """The k-th sum (0-based) in increasing order: the smallest n with k + 1 sums
         at or below it (the k-th is at most k·lo: 0, lo, ..., k·lo are k + 1 sums)."""
@@ -166,6 +183,9 @@ class Progression:
         """All K extents in call order, or None when there are more than `limit`."""
         if self.count > limit:
             return None
+        if self.steps is not None:  # listed from the sums at once, not one search each
+            sums = self.steps.sums_below(self.bound - self.start)
+            return tuple(self.start + n for n in sums) + (self.bound,)
         return tuple(self.at(i) for i in range(self.count))
 
     def flush_count(self, flushes: tuple[int, ...]) -> int:
