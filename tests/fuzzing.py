@@ -257,6 +257,16 @@ def import_package(files: dict[str, str]):
     return module.__name__, module
 
 
+def compiled_adapter(source: str, path: str):
+    """The generated adapter module of a contract text that must compile."""
+    import importlib
+
+    result = compile_source(source, path)
+    assert result.ok, result.diagnostics
+    name, _ = import_package(result.files)
+    return importlib.import_module(f"{name}.adapter")
+
+
 def bind_on_fake_model(r: Result) -> None:
     from duplexcadence.runtime import materialize
 

@@ -3,14 +3,13 @@ branches on a host flag no argument shows — transformers' EncoderDecoderCache 
 a request's cross-attention keys on its first decoder call and sets `is_updated` —
 runs that call eager and replays the rest, exactly, on the simulate backend."""
 
-import importlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from duplexcadence.compiler.driver import check_source, compile_source
-from fuzzing import import_package
+from duplexcadence.compiler.driver import check_source
+from fuzzing import compiled_adapter
 
 CONTRACT = """
 contract guard_demo
@@ -48,10 +47,7 @@ class Model:
 
 
 def bound(guard: str):
-    result = compile_source(CONTRACT.format(guard=guard), "guard_demo.clock")
-    assert result.ok, result.diagnostics
-    name, _ = import_package(result.files)
-    adapter = importlib.import_module(f"{name}.adapter")
+    adapter = compiled_adapter(CONTRACT.format(guard=guard), "guard_demo.clock")
     model = Model()
     binding = adapter.bind(model, device="cpu", backend="simulate", progress=False)
     return model, binding
@@ -109,9 +105,7 @@ def test_a_guard_must_be_a_model_value_compared_with_equality():
 def test_on_cuda_a_graph_replays_only_while_the_guard_holds():
     """Real graphs: without the guard nothing would notice the other branch; with it the
     first call of each request runs eager and every output equals the stock model's."""
-    result = compile_source(CONTRACT.format(guard=GUARD), "guard_demo.clock")
-    name, _ = import_package(result.files)
-    adapter = importlib.import_module(f"{name}.adapter")
+    adapter = compiled_adapter(CONTRACT.format(guard=GUARD), "guard_demo.clock")
     model, stock = Model(), Model()
     for m in (model, stock):
         m.w = m.w.cuda()

@@ -4,14 +4,11 @@ and positions, 4 heads of 8), on the simulate backend: verify rounds at every wi
 and greedy decoding across two requests replay, and every token ID and every byte of the
 caches equals the unbound vendor's, which first reproduces itself."""
 
-import importlib
-
 import pytest
 import torch
 
 from bench.workloads import transformers_whisper as W
-from duplexcadence.compiler.driver import compile_source
-from fuzzing import import_package
+from fuzzing import compiled_adapter
 
 pytestmark = pytest.mark.skipif(
     W.unavailable_reason() is not None, reason=str(W.unavailable_reason())
@@ -19,10 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def tiny_adapter():
-    result = compile_source(W.contract_text("tiny"), "whisper_decoder.clock")
-    assert result.ok, result.diagnostics
-    name, _ = import_package(result.files)
-    return importlib.import_module(f"{name}.adapter")
+    return compiled_adapter(W.contract_text("tiny"), "whisper_decoder.clock")
 
 
 def run(stream_type, steps: int, adapter=None, **kw):
