@@ -81,7 +81,7 @@ class CallableRules:
             if guard.site.root == "result":
                 self.err(
                     "CLK059",
-                    f"{where} must name a model attribute or item, not the " "call's result",
+                    f"{where} must name a model attribute or item, not the call's result",
                     guard.span,
                 )
             elif guard.op != "==":

@@ -101,19 +101,20 @@ def build_whisper(shape: str = "large-v3", seed: int = 0, device: Any = "cpu") -
         return WhisperForConditionalGeneration(config(shape)).eval()
 
 
-def contract_text(shape: str, path: str = "contracts/whisper_decoder.clock") -> str:
-    """contracts/whisper_decoder.clock with ``shape``'s widths as its constants (the
-    contract is written for large-v3; the tiny shape differs in these three only)."""
-    from pathlib import Path
-
+def _widths(shape: str) -> dict[str, int]:
+    """The constants of contracts/whisper_decoder.clock that depend on the shape."""
     s = SHAPES[shape]
-    text = Path(path).read_text()
-    for name, value in (
-        ("heads", s["heads"]),
-        ("head_dim", s["d_model"] // s["heads"]),
-        ("d_model", s["d_model"]),
-    ):
-        old = f"const {name} = {SHAPES['large-v3'][name] if name != 'head_dim' else 64}"
+    return {"heads": s["heads"], "head_dim": s["d_model"] // s["heads"], "d_model": s["d_model"]}
+
+
+def contract_text(shape: str) -> str:
+    """contracts/whisper_decoder.clock (shipped with the package) with ``shape``'s widths
+    as its constants (it is written for large-v3; the tiny shape differs in these only)."""
+    from importlib import resources
+
+    text = resources.files("duplexcadence.contracts").joinpath("whisper_decoder.clock").read_text()
+    for (name, large), value in zip(_widths("large-v3").items(), _widths(shape).values()):
+        old = f"const {name} = {large}"
         assert old in text, old
         text = text.replace(old, f"const {name} = {value}")
     return text

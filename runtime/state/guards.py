@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .sites import Step, format_path, get_at, has_site, identity_key, set_at
+from .site_reads import SiteReads
+from .sites import SiteError, Step, format_path, get_at, has_site, identity_key, set_at
 
 
 class _Absent:
@@ -61,10 +62,14 @@ class HostGuard:
 def guard_at(model: Any, site: tuple[Step, ...], expected: Any) -> HostGuard:
     """The guard of ``site`` on ``model``: it reads ABSENT where the site is not (yet),
     and writing ABSENT removes the entry, as the caller had it before the body's first
-    call set one."""
+    call set one. Every call reads it (admission), through one compiled ``SiteReads``."""
+    reads = SiteReads(model, {"": site})
 
     def read() -> Any:
-        return get_at(model, site) if has_site(model, site) else ABSENT
+        try:
+            return reads.read()[0]
+        except SiteError:
+            return ABSENT
 
     def write(value: Any) -> None:
         if value is not ABSENT:
