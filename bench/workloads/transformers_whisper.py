@@ -54,11 +54,18 @@ from bench.workloads.transformers_mimi import (  # noqa: F401 (the workload's in
 
 SHAPES = {
     # openai/whisper-large-v3's architecture
-    "large-v3": dict(d_model=1280, heads=20, encoder_layers=32, ffn=5120),
+    "large-v3": dict(d_model=1280, heads=20, encoder_layers=32, decoder_layers=32, ffn=5120),
     # the CPU tests' shape: the same decoder depth, vocabulary and positions, tiny widths
-    "tiny": dict(d_model=32, heads=4, encoder_layers=2, ffn=64),
+    "tiny": dict(d_model=32, heads=4, encoder_layers=2, decoder_layers=32, ffn=64),
+    # AS2D's drafter (bench/workloads/whisper_as2d.py): whisper-tiny's widths and depth
+    # with large-v3's vocabulary, mel bins and positions
+    "draft": dict(d_model=384, heads=6, encoder_layers=4, decoder_layers=4, ffn=1536),
+    # the drafter at the CPU tests' widths
+    "draft-tiny": dict(d_model=16, heads=2, encoder_layers=1, decoder_layers=4, ffn=32),
 }
-DECODER_LAYERS = 32
+# the contract each shape is written for: another shape of the same depth compiles it with
+# its own widths (contract_text)
+CONTRACTS = {"large-v3": "whisper_decoder", "draft": "whisper_drafter"}
 VOCAB = 51866
 MEL_BINS = 128
 POSITIONS = 448  # max_target_positions
@@ -76,7 +83,7 @@ def config(shape: str) -> Any:
         num_mel_bins=MEL_BINS,
         d_model=s["d_model"],
         encoder_layers=s["encoder_layers"],
-        decoder_layers=DECODER_LAYERS,
+        decoder_layers=s["decoder_layers"],
         encoder_attention_heads=s["heads"],
         decoder_attention_heads=s["heads"],
         encoder_ffn_dim=s["ffn"],
@@ -107,13 +114,15 @@ def _widths(shape: str) -> dict[str, int]:
     return {"heads": s["heads"], "head_dim": s["d_model"] // s["heads"], "d_model": s["d_model"]}
 
 
-def contract_text(shape: str) -> str:
-    """contracts/whisper_decoder.clock (shipped with the package) with ``shape``'s widths
-    as its constants (it is written for large-v3; the tiny shape differs in these only)."""
+def contract_text(shape: str, base: str = "large-v3") -> str:
+    """The contract written for ``base`` (``CONTRACTS``, shipped with the package) with
+    ``shape``'s widths as its constants: the tiny shapes differ from theirs in these only."""
     from importlib import resources
 
-    text = resources.files("duplexcadence.contracts").joinpath("whisper_decoder.clock").read_text()
-    for (name, large), value in zip(_widths("large-v3").items(), _widths(shape).values()):
+    assert SHAPES[shape]["decoder_layers"] == SHAPES[base]["decoder_layers"], (shape, base)
+    name = f"{CONTRACTS[base]}.clock"
+    text = resources.files("duplexcadence.contracts").joinpath(name).read_text()
+    for (name, large), value in zip(_widths(base).items(), _widths(shape).values()):
         old = f"const {name} = {large}"
         assert old in text, old
         text = text.replace(old, f"const {name} = {value}")
@@ -187,20 +196,28 @@ class Request:
 
 
 @torch.no_grad()
-def vendor_greedy(model: Any, request_seed: int, n: int) -> list[int]:
+def vendor_greedy(model: Any, request_seed: int, n: int, assistant: Any = None) -> list[int]:
     """The vendor's own loop: ``generate()`` greedy from the same prompt, ``n`` new tokens
-    (its cache a DynamicCache it makes; the begin-suppress list cleared: no loop here
-    applies logits processors, and random weights need no EOS)."""
+    (its cache a DynamicCache it makes; the suppress lists cleared: no loop here applies
+    logits processors). ``assistant``: a drafter
+    model, ``generate(assistant_model=...)`` (the vendor's serial speculative decoding)."""
     device = next(model.parameters()).device
-    model.generation_config.begin_suppress_tokens = None
-    model.generation_config.suppress_tokens = None
+    for m in (model, assistant):
+        if m is not None:
+            m.generation_config.begin_suppress_tokens = None
+            m.generation_config.suppress_tokens = None
+            # no end of text: n tokens every time (a minimum length is refused beside an
+            # assistant; random weights need no EOS)
+            m.generation_config.eos_token_id = None
+    # the prompt as the vendor's forced start tokens: generate() refuses
+    # decoder_input_ids beside an assistant model
+    model.generation_config.forced_decoder_ids = [[i, t] for i, t in enumerate(PROMPT) if i]
     out = model.generate(
         features(request_seed, device),
-        decoder_input_ids=torch.tensor([PROMPT], device=device),
         max_new_tokens=n,
-        min_new_tokens=n,
         do_sample=False,
         num_beams=1,
+        **({"assistant_model": assistant} if assistant is not None else {}),
     )
     return out[0, -n:].tolist()
 
@@ -297,12 +314,19 @@ class VerifyStream(GreedyStream):
 
 
 def bind_adapter(
-    state: SimpleNamespace, device: Any = None, *, capture: bool = True, backend: Any = None
+    state: SimpleNamespace,
+    device: Any = None,
+    *,
+    capture: bool = True,
+    backend: Any = None,
+    shape: str = "large-v3",
 ) -> Any:
-    """Bind the generated adapter (contracts/whisper_decoder.clock, large-v3) to a
-    state; another shape compiles the contract with its constants (``contract_text``)."""
-    from duplexcadence.generated import whisper_decoder
+    """Bind the generated adapter of ``shape``'s contract (``CONTRACTS``: the target's
+    contracts/whisper_decoder.clock or the drafter's contracts/whisper_drafter.clock) to a
+    state; a tiny shape compiles its contract with its constants (``contract_text``)."""
+    import importlib
 
-    return whisper_decoder.adapter.bind(
+    generated = importlib.import_module(f"duplexcadence.generated.{CONTRACTS[shape]}")
+    return generated.adapter.bind(
         state, device=device, capture=capture, progress=False, backend=backend
     )

@@ -1,0 +1,276 @@
+"""AS2D (issue 25, seeds/001) on transformers 4.57.6 Whisper: decoupled drafting and
+verification against target-only and serial speculative decoding, eager and graphed.
+
+    python -m bench.as2d --device cuda --blocks 1 --requests 12 --warmup 1 \\
+        --tokens-per-request 160 --source oracle --epsilon 0.22 \\
+        --out bench/results/as2d_h200
+
+The loops are bench/workloads/whisper_as2d.py's (read its docstring), over the target at
+whisper-large-v3's shape and a drafter at whisper-tiny's widths (seeded random weights,
+fp32, static caches, batch 1). One step is one request: its features are encoded, its
+prompt prefilled, ``--tokens-per-request`` token IDs committed (the step's output, hashed;
+its time is the request's latency from arrival). The cells:
+
+* ``stock``        target alone, eager: the reference (greedy, width-1 calls).
+* ``adapter``      target alone, graphed (contracts/whisper_decoder.clock).
+* ``hf_generate``  the vendor's own ``generate()`` greedy (its DynamicCache), eager.
+* ``hf_assisted``  the vendor's ``generate(assistant_model=drafter)``: its serial
+  speculative decoding with the real (random) drafter, eager (it refuses static caches).
+* ``sd`` / ``sd_graphed``         serial speculative decoding, eager / both graphed.
+* ``as2d`` / ``as2d_graphed``     decoupled (AS2D), eager / both graphed
+  (contracts/whisper_drafter.clock for the drafter).
+
+Two exactness tiers. Tier 2, every cell: a request's tokens equal the target's greedy
+ones (the harness compares each step's hash with ``stock``'s; ``target_greedy_match_rate``
+counts the requests that match). Tier 1, the graphed cells: after the measured phases one
+more request runs live on the graphed models and again on fresh eager ones on the same
+round schedule; every token ID, width, accepted count, published candidate and cache
+byte at the committed positions must be equal (``replay_equals_eager``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bench.decoders import catalog_check
+from bench.harness import Cell, CellFailed, Stream, WorkerContext, Workload, main
+
+TOKENS = Stream(
+    "tokens", "int64", key="tokens_sha256", step_key="step_sha256", count_key="n_tokens"
+)
+GRAPHED = "as2d_graphed"  # the arm of the headline
+
+
+@dataclass(frozen=True)
+class Arm(Cell):
+    loop: str = "alone"  # whisper_as2d.Arm's loop, or "hf" (the vendor's generate())
+    bind: bool = False
+    assistant: bool = False  # hf: generate(assistant_model=drafter)
+
+
+CELLS = (
+    Arm("stock", "target alone, eager (the reference)"),
+    Arm("adapter", "target alone, graphed (generated adapter)", loop="alone", bind=True),
+    Arm("hf_generate", "the vendor's generate() greedy, eager", loop="hf"),
+    Arm(
+        "hf_assisted",
+        "the vendor's generate(assistant_model=drafter): serial speculative decoding with "
+        "the random drafter, eager",
+        loop="hf",
+        assistant=True,
+    ),
+    Arm("sd", "serial speculative decoding, eager", loop="serial"),
+    Arm(
+        "sd_graphed",
+        "serial speculative decoding, target and drafter graphed",
+        loop="serial",
+        bind=True,
+    ),
+    Arm("as2d", "AS2D: decoupled drafter thread and verifier, eager", loop="decoupled"),
+    Arm(
+        GRAPHED,
+        "AS2D: decoupled drafter thread and verifier, both graphed",
+        loop="decoupled",
+        bind=True,
+    ),
+)
+
+FLAGS = {
+    "--tokens-per-request": dict(type=int, default=160, help="token IDs a request commits"),
+    "--source": dict(
+        choices=("oracle", "drafter"),
+        default="oracle",
+        help="what the drafter publishes: the target's greedy tokens corrupted with "
+        "--epsilon (controlled acceptance), or its own argmax (random weights: ~0)",
+    ),
+    "--epsilon": dict(type=float, default=0.22, help="oracle corruption rate (0.22: ~3 of 8)"),
+    "--budget": dict(type=int, default=8, help="candidates verified per round at most (B)"),
+    "--shapes": dict(
+        default="large-v3,draft",
+        help="target,drafter shapes (transformers_whisper.SHAPES); the graphed cells need "
+        "the contracts' own (large-v3,draft); tiny,draft-tiny: a CPU smoke run",
+    ),
+}
+MEASURE = ("tokens_per_request", "source", "epsilon", "budget", "shapes")
+
+
+class As2dRun:
+    """One (block, cell): target (and drafter) built, the cell's arm set up."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        from bench.workloads import transformers_whisper as W
+        from bench.workloads import whisper_as2d as A
+
+        reason = W.unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        self.W, self.A, self.ctx, self.cell, self.args = W, A, ctx, ctx.cell, ctx.args
+        self.binding = self.drafter_binding = None
+        self.requests: list[dict] = []
+        ctx.result["vendor_version"] = W.installed_version()
+
+    def _arm(self, target: Any, drafter: Any) -> Any:
+        a = self.args
+        loop = "alone" if self.cell.loop == "hf" else self.cell.loop
+        return self.A.Arm(loop, target, drafter, a.source, a.epsilon, a.budget)
+
+    def build(self) -> None:
+        W, a, device = self.W, self.args, self.ctx.device
+        self.shapes = a.shapes.split(",")
+        self.model = W.build_whisper(self.shapes[0], a.seed, device)
+        self.target = W.new_state(self.model)
+        uses_drafter = self.cell.loop in ("serial", "decoupled") or self.cell.assistant
+        self.drafter_model = None
+        if uses_drafter:
+            self.drafter_model = W.build_whisper(self.shapes[1], a.seed + 1, device)
+        self.drafter = W.new_state(self.drafter_model) if self.drafter_model else None
+        self.ctx.result["model"] = {
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "drafter_params": (
+                sum(p.numel() for p in self.drafter_model.parameters())
+                if self.drafter_model
+                else None
+            ),
+        }
+        # request k's seed; one more for the exactness check after the measured phases
+        self.seeds = [W.subseed(a.seed, 100 + k) for k in range(self.ctx.n_steps + 1)]
+        self.oracle: dict[int, list[int]] = {}
+        if a.source == "oracle" and self.cell.loop in ("serial", "decoupled"):
+            n = a.tokens_per_request  # the target's greedy tokens, eager, before binding
+            self.oracle = {s: self.A.trajectory(self.target, s, n) for s in self.seeds}
+        self.arm = self._arm(self.target, self.drafter)
+
+    def setup(self) -> Any:
+        if not self.cell.bind:
+            return None
+        W, device = self.W, self.ctx.device
+        if self.shapes != list(W.CONTRACTS):
+            raise CellFailed("the generated adapters are for " + ",".join(W.CONTRACTS))
+        self.binding = W.bind_adapter(self.target, device, capture=False)
+        self.binding.capture(progress=False)
+        if self.drafter is not None:
+            self.drafter_binding = W.bind_adapter(
+                self.drafter, device, capture=False, shape="draft"
+            )
+            self.drafter_binding.capture(progress=False)
+        return self.binding
+
+    def step(self) -> dict:
+        import torch
+
+        seed, n = self.seeds[len(self.requests)], self.args.tokens_per_request
+        if self.cell.loop == "hf":
+            assistant = self.drafter_model if self.cell.assistant else None
+            tokens = self.W.vendor_greedy(self.model, seed, n, assistant=assistant)
+            self.requests.append({"seed": seed})
+            return {TOKENS.name: torch.tensor(tokens)}
+        out = self.arm.run(seed, n, oracle=self.oracle.get(seed))
+        self.requests.append(request_record(seed, out))
+        return {TOKENS.name: torch.tensor(out.tokens)}
+
+    def after(self, phase: str) -> None:
+        self.ctx.result.setdefault("requests_by_phase", {})[phase] = len(self.requests)
+
+    def finish(self, result: dict) -> None:
+        result["requests"] = self.requests
+        if self.binding is None:
+            return
+        result.update(catalog_check(self.binding, "whisper_decoder"))
+        if self.drafter_binding is not None:
+            drafter = catalog_check(self.drafter_binding, "whisper_drafter")
+            for key in ("catalog_predicted", "signatures_observed"):
+                result[key] = result[key] + [f"drafter.{s}" for s in drafter[key]]
+            result["catalog_met"] = result["catalog_met"] and drafter["catalog_met"]
+        result["replay_equals_eager"] = self.replay_equals_eager()
+
+    def replay_equals_eager(self) -> dict:
+        """Tier 1 (module docstring): one more request, graphed live vs eager replay."""
+        import torch
+
+        W, A, a, device = self.W, self.A, self.args, self.ctx.device
+        seed, n = self.seeds[-1], a.tokens_per_request
+        target = W.new_state(W.build_whisper(self.shapes[0], a.seed, device))
+        drafter = None
+        if self.drafter is not None:
+            drafter = W.new_state(W.build_whisper(self.shapes[1], a.seed + 1, device))
+        oracle = A.trajectory(target, seed, n) if a.source == "oracle" else None
+        live = self.arm.run(seed, n, oracle=oracle)
+        replay = self._arm(target, drafter).run(
+            seed,
+            n,
+            oracle=oracle,
+            schedule=live.schedule if self.cell.loop == "decoupled" else None,
+        )
+        drafted = len(live.published) if self.cell.loop == "decoupled" else W.POSITIONS
+        pairs = list(zip(A.committed_cache(self.target, n), A.committed_cache(target, n)))
+        if drafter is not None:
+            k = min(drafted, W.POSITIONS - len(W.PROMPT) + 1)
+            pairs += zip(A.committed_cache(self.drafter, k), A.committed_cache(drafter, k))
+        fields = ("tokens", "schedule", "widths", "accepted")
+        out = {f: getattr(live, f) == getattr(replay, f) for f in fields}
+        out["published"] = replay.published[: len(live.published)] == live.published
+        out["caches"] = all(torch.equal(x, y) for x, y in pairs)
+        out["equal"] = all(out.values())
+        out["rounds"] = len(live.widths)
+        return out
+
+
+def request_record(seed: int, t: Any) -> dict:
+    """A request's numbers (``whisper_as2d.Transcript``): decode seconds after the
+    prefill, rounds, the histogram of accepted counts and of widths."""
+    hist = lambda xs: {str(k): xs.count(k) for k in sorted(set(xs))}  # noqa: E731
+    return {
+        "seed": seed,
+        "decode_s": t.decode_s,
+        "rounds": len(t.widths),
+        "accepted": hist(t.accepted),
+        "widths": hist(t.widths),
+    }
+
+
+def start(ctx: WorkerContext) -> As2dRun:
+    return As2dRun(ctx)
+
+
+WORKLOAD = Workload(
+    name="as2d",
+    unit="request",
+    cells=CELLS,
+    reference="stock",
+    start=start,
+    streams=(TOKENS,),
+    title=lambda doc: "AS2D on Whisper large-v3 (transformers "
+    f"{doc.get('vendor_version')}, seeded random weights, fp32, static caches, batch 1)",
+    description="Decoupled audio speculative decoding (a drafter thread on its own CUDA "
+    "stream, a verifier of the ready candidates) against target-only and serial "
+    "speculative decoding, eager and graphed, and the vendor's generate() loops.",
+    defaults={"requests": 12, "warmup": 1, "profile_requests": 0},
+    quick={
+        "device": "cpu",
+        "blocks": 1,
+        "warmup": 0,
+        "requests": 1,
+        "profile_requests": 0,
+        "cells": ["stock", "hf_generate", "hf_assisted", "sd", "as2d"],
+        "shapes": "tiny,draft-tiny",
+        "tokens_per_request": 24,
+        "threads": 1,
+        "out": "bench/results/as2d_quick",
+        "worker_timeout": 900.0,
+    },
+    flags=FLAGS,
+    measure_flags=MEASURE,
+    doc_keys=("vendor_version", "model"),
+    settings=lambda args: {
+        "target": "large-v3",
+        "drafter": "draft (whisper-tiny widths, 4 decoder layers)",
+        "dtype": "float32",
+        "attention": "eager",
+        "cache": "static (448 decoder positions, 1500 encoder frames)",
+        "batch": 1,
+    },
+)
+
+if __name__ == "__main__":
+    raise SystemExit(main(WORKLOAD))

@@ -1,0 +1,80 @@
+"""AS2D's loops over transformers 4.57.6 Whisper (bench/workloads/whisper_as2d.py) at the
+tiny shapes, on the CPU: serial and decoupled speculative decoding commit the target's
+greedy tokens (tier 2), a graphed run (simulate backend, both contracts bound) equals its
+eager replay on the recorded round schedule byte for byte (tier 1), and the vendor's own
+assisted generate() decodes the same tokens."""
+
+import pytest
+import torch
+
+from bench.workloads import transformers_whisper as W
+
+pytestmark = pytest.mark.skipif(
+    W.unavailable_reason() is not None, reason=str(W.unavailable_reason())
+)
+
+N = 40  # tokens a request commits
+SEED = 11  # the request
+
+
+def models():
+    return W.build_whisper("tiny", seed=0), W.build_whisper("draft-tiny", seed=1)
+
+
+def bound(state, shape, base, contract):
+    from fuzzing import compiled_adapter
+
+    adapter = compiled_adapter(W.contract_text(shape, base=base), contract)
+    return adapter.bind(state, device="cpu", backend="simulate", progress=False)
+
+
+def test_speculative_loops_commit_the_target_s_greedy_tokens():
+    from bench.workloads import whisper_as2d as A
+
+    target, drafter = (W.new_state(m) for m in models())
+    greedy = A.Arm("alone", target).run(SEED, N).tokens
+    assert greedy == A.trajectory(target, SEED, N)
+    for loop in ("serial", "decoupled"):
+        random = A.Arm(loop, target, drafter, "drafter").run(SEED, N)
+        oracle = A.Arm(loop, target, drafter, "oracle", 0.22).run(SEED, N, oracle=greedy)
+        exact = A.Arm(loop, target, drafter, "oracle", 0.0).run(SEED, N, oracle=greedy)
+        for t in (random, oracle, exact):
+            assert t.tokens == greedy, loop
+            assert sum(t.accepted) + len(t.widths) == N - 1  # one committed beyond each
+        # the random drafter almost never agrees; the oracle's acceptance is the run's
+        assert sum(random.accepted) <= 2, random.accepted
+        assert 1.5 < sum(oracle.accepted) / len(oracle.accepted) < 6, oracle.accepted
+        assert len(exact.widths) < len(oracle.widths) < len(random.widths)
+
+
+def test_a_graphed_decoupled_run_equals_its_eager_replay_byte_for_byte():
+    from bench.workloads import whisper_as2d as A
+
+    target, drafter = (W.new_state(m) for m in models())
+    greedy = A.trajectory(target, SEED, N)
+    decode = bound(target, "tiny", "large-v3", "whisper_decoder.clock")
+    draft = bound(drafter, "draft-tiny", "draft", "whisper_drafter.clock")
+    fresh = [W.new_state(m) for m in models()]
+    for loop in ("serial", "decoupled"):
+        live = A.Arm(loop, target, drafter, "oracle", 0.22).run(SEED, N, oracle=greedy)
+        schedule = live.schedule if loop == "decoupled" else None
+        replay = A.Arm(loop, *fresh, "oracle", 0.22).run(SEED, N, greedy, schedule)
+        for field in ("tokens", "schedule", "widths", "accepted", "published"):
+            assert getattr(live, field) == getattr(replay, field), (loop, field)
+        assert len(set(live.widths)) > 1  # more than one verify width met
+        drafted = len(live.published) if loop == "decoupled" else W.POSITIONS
+        for mine, theirs, k in ((target, fresh[0], N), (drafter, fresh[1], drafted)):
+            pairs = zip(A.committed_cache(mine, k), A.committed_cache(theirs, k), strict=True)
+            assert all(torch.equal(x, y) for x, y in pairs), loop
+    for binding in (decode, draft):
+        s = binding.stats()["callables"]["decode"]
+        # every request's prompt call fills its cross-attention cache: eager (the guard)
+        assert s["hits"] > 0 and set(s["misses"]) == {"host_guard"}, s
+
+
+def test_the_vendor_s_assisted_generate_decodes_the_target_s_greedy_tokens():
+    from bench.workloads import whisper_as2d as A
+
+    target, drafter = models()
+    greedy = A.Arm("alone", W.new_state(target)).run(SEED, N).tokens
+    assert W.vendor_greedy(target, SEED, N, assistant=drafter) == greedy
