@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.decoders import catalog_check
-from bench.harness import Cell, CellFailed, Stream, WorkerContext, Workload, main
+from bench.harness import Cell, Stream, WorkerContext, Workload, main
 
 TOKENS = Stream(
     "tokens", "int64", key="tokens_sha256", step_key="step_sha256", count_key="n_tokens"
@@ -88,8 +88,8 @@ FLAGS = {
     "--budget": dict(type=int, default=8, help="candidates verified per round at most (B)"),
     "--shapes": dict(
         default="large-v3,draft",
-        help="target,drafter shapes (transformers_whisper.SHAPES); the graphed cells need "
-        "the contracts' own (large-v3,draft); tiny,draft-tiny: a CPU smoke run",
+        help="target,drafter shapes (transformers_whisper.SHAPES; tiny,draft-tiny: the "
+        "CPU smoke run's, their contracts compiled with their widths)",
     ),
 }
 MEASURE = ("tokens_per_request", "source", "epsilon", "budget", "shapes")
@@ -145,14 +145,15 @@ class As2dRun:
         if not self.cell.bind:
             return None
         W, device = self.W, self.ctx.device
-        if self.shapes != list(W.CONTRACTS):
-            raise CellFailed("the generated adapters are for " + ",".join(W.CONTRACTS))
-        self.binding = W.bind_adapter(self.target, device, capture=False)
+        # on the CPU (a smoke run) the graphs' policy runs on the simulate backend
+        backend = "simulate" if device.type == "cpu" else None
+        bind = lambda state, shape: W.bind_adapter(  # noqa: E731
+            state, device, capture=False, backend=backend, shape=shape
+        )
+        self.binding = bind(self.target, self.shapes[0])
         self.binding.capture(progress=False)
         if self.drafter is not None:
-            self.drafter_binding = W.bind_adapter(
-                self.drafter, device, capture=False, shape="draft"
-            )
+            self.drafter_binding = bind(self.drafter, self.shapes[1])
             self.drafter_binding.capture(progress=False)
         return self.binding
 
@@ -218,15 +219,125 @@ class As2dRun:
 
 def request_record(seed: int, t: Any) -> dict:
     """A request's numbers (``whisper_as2d.Transcript``): decode seconds after the
-    prefill, rounds, the histogram of accepted counts and of widths."""
+    prefill, rounds, the histogram of widths and of accepted counts (rounds that verified
+    at least one candidate)."""
     hist = lambda xs: {str(k): xs.count(k) for k in sorted(set(xs))}  # noqa: E731
     return {
         "seed": seed,
         "decode_s": t.decode_s,
         "rounds": len(t.widths),
-        "accepted": hist(t.accepted),
+        "accepted": hist([a for a, w in zip(t.accepted, t.widths) if w > 1]),
         "widths": hist(t.widths),
     }
+
+
+def _ok(doc: dict, cell: str) -> list[dict]:
+    """``cell``'s ok results, one per block (None where the block has none)."""
+    out = []
+    for b in doc["blocks"]:
+        r = b["results"].get(cell)
+        out.append(r if r and r.get("status") == "ok" else None)
+    return out
+
+
+def _window(r: dict) -> list[dict]:
+    """The requests of a result's measured window."""
+    phases = r["requests_by_phase"]
+    return r["requests"][phases["warmup"] : phases["window"]]
+
+
+def tokens_per_s(doc: dict, cell: str) -> float | None:
+    """Committed tokens after the prefill per second of decoding, over every measured
+    request of every block (tokens and seconds summed, then divided)."""
+    reqs = [q for r in _ok(doc, cell) if r for q in _window(r) if "decode_s" in q]
+    n = doc["settings"].get("tokens_per_request") or 0
+    seconds = sum(q["decode_s"] for q in reqs)
+    return (n - 1) * len(reqs) / seconds if reqs and seconds else None
+
+
+def match_rate(doc: dict, cell: str) -> float | None:
+    """Tier 2: the fraction of ``cell``'s requests (every phase, every block) whose token
+    IDs equal the target-only greedy reference's (``stock``)."""
+    pairs = [
+        (a, b)
+        for r, ref in zip(_ok(doc, cell), _ok(doc, "stock"))
+        if r and ref
+        for a, b in zip(r[TOKENS.step_key], ref[TOKENS.step_key])
+    ]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+
+
+def slower_fraction(doc: dict, cell: str, than: str) -> float | None:
+    """The fraction of measured requests on which ``cell``'s latency exceeds ``than``'s
+    for the same request (request k has the same seed in every cell)."""
+    pairs = [
+        (a, b)
+        for r, ref in zip(_ok(doc, cell), _ok(doc, than))
+        if r and ref
+        for a, b in zip(r["window_ms"], ref["window_ms"])
+    ]
+    return sum(a > b for a, b in pairs) / len(pairs) if pairs else None
+
+
+def acceptance(doc: dict, cell: str) -> dict:
+    """Accepted candidates per verify round (rounds with at least one candidate)."""
+    hist: dict[str, int] = {}
+    for r in _ok(doc, cell):
+        for q in _window(r) if r else []:
+            for k, v in q.get("accepted", {}).items():
+                hist[k] = hist.get(k, 0) + v
+    drafted = sum(v for k, v in hist.items())
+    mean = sum(int(k) * v for k, v in hist.items()) / drafted if drafted else None
+    return {"histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))), "mean": mean}
+
+
+def headline(doc: dict) -> dict:
+    """The issue's top-level keys (module docstring), from the finished document."""
+    cells = [c.name for c in CELLS if any(_ok(doc, c.name))]
+    graphed = [c.name for c in CELLS if c.bind and c.name in cells]
+    checks = [r["replay_equals_eager"] for c in graphed for r in _ok(doc, c) if r]
+    first = next((r for r in _ok(doc, GRAPHED) if r), {})
+    rates = {c: tokens_per_s(doc, c) for c in cells}
+    base, ours = rates.get("adapter"), rates.get(GRAPHED)
+    return {
+        "replay_equals_eager": all(c["equal"] for c in checks) if checks else None,
+        "replay_checks": {c: [r["replay_equals_eager"] for r in _ok(doc, c) if r] for c in graphed},
+        "catalog_predicted": first.get("catalog_predicted"),
+        "signatures_observed": first.get("signatures_observed"),
+        "speedup_vs_target_only_graphed": ours / base if ours and base else None,
+        "target_greedy_match_rate": match_rate(doc, GRAPHED),
+        "target_greedy_match_rate_by_cell": {c: match_rate(doc, c) for c in cells},
+        "slower_than_target_only_graphed": slower_fraction(doc, GRAPHED, "adapter"),
+        "tokens_per_s_after_prefill": rates,
+        "accepted_per_round": {c: acceptance(doc, c) for c in cells},
+    }
+
+
+def describe(doc: dict) -> list[str]:
+    """The report's headline lines."""
+    h = {k: doc.get(k) for k in ("speedup_vs_target_only_graphed", "replay_equals_eager")}
+    lines = [
+        f"- source {doc['settings'].get('source')}, epsilon {doc['settings'].get('epsilon')}, "
+        f"budget {doc['settings'].get('budget')}, "
+        f"{doc['settings'].get('tokens_per_request')} tokens a request",
+        f"- {GRAPHED} vs target alone graphed (tokens/s after prefill): "
+        f"{_fmt(h['speedup_vs_target_only_graphed'])}x; requests slower: "
+        f"{_fmt(doc.get('slower_than_target_only_graphed'))}; tier 1 (replay = eager): "
+        f"{h['replay_equals_eager']}; tier 2 match rate: "
+        f"{_fmt(doc.get('target_greedy_match_rate'))}",
+        "",
+        "| cell | tokens/s after prefill | mean accepted per round | greedy match rate |",
+        "|:--|--:|--:|--:|",
+    ]
+    for c, rate in (doc.get("tokens_per_s_after_prefill") or {}).items():
+        mean = (doc.get("accepted_per_round") or {}).get(c, {}).get("mean")
+        match = (doc.get("target_greedy_match_rate_by_cell") or {}).get(c)
+        lines.append(f"| {c} | {_fmt(rate)} | {_fmt(mean)} | {_fmt(match)} |")
+    return lines
+
+
+def _fmt(x: Any) -> str:
+    return "–" if x is None else f"{x:.3g}"
 
 
 def start(ctx: WorkerContext) -> As2dRun:
@@ -252,7 +363,7 @@ WORKLOAD = Workload(
         "warmup": 0,
         "requests": 1,
         "profile_requests": 0,
-        "cells": ["stock", "hf_generate", "hf_assisted", "sd", "as2d"],
+        "cells": ["stock", "adapter", "hf_assisted", "sd_graphed", "as2d", "as2d_graphed"],
         "shapes": "tiny,draft-tiny",
         "tokens_per_request": 24,
         "threads": 1,
@@ -262,7 +373,10 @@ WORKLOAD = Workload(
     flags=FLAGS,
     measure_flags=MEASURE,
     doc_keys=("vendor_version", "model"),
+    headline=headline,
+    describe=describe,
     settings=lambda args: {
+        **{dest: getattr(args, dest) for dest in MEASURE},
         "target": "large-v3",
         "drafter": "draft (whisper-tiny widths, 4 decoder layers)",
         "dtype": "float32",

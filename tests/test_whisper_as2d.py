@@ -21,11 +21,8 @@ def models():
     return W.build_whisper("tiny", seed=0), W.build_whisper("draft-tiny", seed=1)
 
 
-def bound(state, shape, base, contract):
-    from fuzzing import compiled_adapter
-
-    adapter = compiled_adapter(W.contract_text(shape, base=base), contract)
-    return adapter.bind(state, device="cpu", backend="simulate", progress=False)
+def bound(state, shape):
+    return W.bind_adapter(state, "cpu", backend="simulate", shape=shape)
 
 
 def test_speculative_loops_commit_the_target_s_greedy_tokens():
@@ -52,8 +49,7 @@ def test_a_graphed_decoupled_run_equals_its_eager_replay_byte_for_byte():
 
     target, drafter = (W.new_state(m) for m in models())
     greedy = A.trajectory(target, SEED, N)
-    decode = bound(target, "tiny", "large-v3", "whisper_decoder.clock")
-    draft = bound(drafter, "draft-tiny", "draft", "whisper_drafter.clock")
+    decode, draft = bound(target, "tiny"), bound(drafter, "draft-tiny")
     fresh = [W.new_state(m) for m in models()]
     for loop in ("serial", "decoupled"):
         live = A.Arm(loop, target, drafter, "oracle", 0.22).run(SEED, N, oracle=greedy)

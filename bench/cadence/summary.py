@@ -68,8 +68,12 @@ def pool_counters(results: Sequence[dict]) -> dict:
         return {
             "lockstep_width": max(t["width"] for t in ticks),
             "ticks": sum(t["ticks"] for t in ticks),
-            "rows_per_tick": _f(sum(t["rows"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))),
-            "tick_ms_mean": _f(1e3 * sum(t["tick_s"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))),
+            "rows_per_tick": _f(
+                sum(t["rows"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))
+            ),
+            "tick_ms_mean": _f(
+                1e3 * sum(t["tick_s"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))
+            ),
         }
     pools = [((r.get("server") or {}).get("sessions") or {}) for r in results]
     pools = [p for p in pools if p]

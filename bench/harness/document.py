@@ -132,7 +132,7 @@ def build(
     read_back = {
         c: [b["results"][c].get("determinism") for b in blocks if c in b["results"]] for c in cells
     }
-    return {
+    doc = {
         "benchmark": wl.name,
         "command": calls[-1]["command"],
         "commands": [c["command"] for c in calls],
@@ -159,6 +159,17 @@ def build(
         "cells": docs,
         "blocks": blocks,
     }
+    return with_headline(wl, doc)
+
+
+def with_headline(wl: Workload, doc: dict) -> dict:
+    """``doc`` with the workload's headline keys after "benchmark" (recomputed)."""
+    head = wl.headline(doc)
+    return {
+        "benchmark": doc["benchmark"],
+        **head,
+        **{k: v for k, v in doc.items() if k not in head},
+    }
 
 
 def write_reports(wl: Workload, doc: dict, out: Path) -> None:
@@ -176,6 +187,7 @@ def rerender(wl: Workload, path: Path) -> int:
     for name in cells:
         what = doc["cells"].get(name, {}).get("what") or getattr(wl.by_name.get(name), "what", "")
         doc["cells"][name] = {"what": what, **agg[name]}
+    doc = with_headline(wl, doc)
     write_json(Path(path).with_suffix(".json"), doc)
     write_reports(wl, doc, Path(path))
     return 0

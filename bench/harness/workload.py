@@ -127,6 +127,9 @@ class Workload:
     describe: Callable[[dict], list[str]] = _no_lines
     cell_summary: Callable[[list], dict] = _none
     cell_notes: Callable[[str, dict], list[str]] = _no_lines
+    # top-level keys of the result document, computed from the finished document (the
+    # workload's own headline numbers across cells), placed after "benchmark"
+    headline: Callable[[dict], dict] = _none
     first_worker_est_s: Mapping[str, float] = field(default_factory=dict)
     deadline_ms: float | None = None
     module: str = ""  # what workers run as ``python -m``; default ``bench.<name>``

@@ -202,9 +202,7 @@ def bind_adapter(
 
     model = types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
     with no_compile():
-        binding = adapter.bind(
-            model, device=device, capture=False, progress=progress, batch=batch
-        )
+        binding = adapter.bind(model, device=device, capture=False, progress=progress, batch=batch)
         if capture and binding.device.type == "cuda":
             binding.capture(progress=progress)
             mimi.reset_streaming()

@@ -114,11 +114,12 @@ def _widths(shape: str) -> dict[str, int]:
     return {"heads": s["heads"], "head_dim": s["d_model"] // s["heads"], "d_model": s["d_model"]}
 
 
-def contract_text(shape: str, base: str = "large-v3") -> str:
+def contract_text(shape: str, base: str | None = None) -> str:
     """The contract written for ``base`` (``CONTRACTS``, shipped with the package) with
     ``shape``'s widths as its constants: the tiny shapes differ from theirs in these only."""
     from importlib import resources
 
+    base = base or base_shape(shape)
     assert SHAPES[shape]["decoder_layers"] == SHAPES[base]["decoder_layers"], (shape, base)
     name = f"{CONTRACTS[base]}.clock"
     text = resources.files("duplexcadence.contracts").joinpath(name).read_text()
@@ -313,6 +314,29 @@ class VerifyStream(GreedyStream):
         return target[:, : accepted + 1]
 
 
+def base_shape(shape: str) -> str:
+    """The shape whose contract ``shape`` is bound by (``CONTRACTS``): the one of its depth."""
+    depth = SHAPES[shape]["decoder_layers"]
+    return next(b for b in CONTRACTS if SHAPES[b]["decoder_layers"] == depth)
+
+
+def adapter_module(shape: str) -> Any:
+    """The generated adapter module for ``shape``: the shipped package for a contract's
+    own shape, else its contract compiled with ``shape``'s widths (``contract_text``)."""
+    import importlib
+
+    base = base_shape(shape)
+    if shape == base:
+        return importlib.import_module(f"duplexcadence.generated.{CONTRACTS[base]}.adapter")
+    from duplexcadence.compiler.driver import compile_source
+    from duplexcadence.compiler.loader import import_generated
+
+    result = compile_source(contract_text(shape, base), f"{CONTRACTS[base]}.clock")
+    assert result.ok, result.diagnostics
+    package = import_generated(result.files, prefix=f"whisper_{shape.replace('-', '_')}")
+    return importlib.import_module(f"{package.__name__}.adapter")
+
+
 def bind_adapter(
     state: SimpleNamespace,
     device: Any = None,
@@ -321,12 +345,8 @@ def bind_adapter(
     backend: Any = None,
     shape: str = "large-v3",
 ) -> Any:
-    """Bind the generated adapter of ``shape``'s contract (``CONTRACTS``: the target's
-    contracts/whisper_decoder.clock or the drafter's contracts/whisper_drafter.clock) to a
-    state; a tiny shape compiles its contract with its constants (``contract_text``)."""
-    import importlib
-
-    generated = importlib.import_module(f"duplexcadence.generated.{CONTRACTS[shape]}")
-    return generated.adapter.bind(
+    """Bind ``shape``'s generated adapter (``adapter_module``: the target's
+    contracts/whisper_decoder.clock or the drafter's contracts/whisper_drafter.clock)."""
+    return adapter_module(shape).bind(
         state, device=device, capture=capture, progress=False, backend=backend
     )
