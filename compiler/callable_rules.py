@@ -7,6 +7,7 @@ one definition the analysis uses to count distinct signatures.
 
 from __future__ import annotations
 
+from duplexcadence.compiler.counter_advance import AdvanceError, amounts
 from duplexcadence.compiler.evaluate import EvalError, Value
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Span
@@ -67,13 +68,7 @@ class CallableRules:
         self._check_region_uses(k, regions, arg_regions)
         self._check_one_stepped_clock(k, arg_regions)
         for counter in k.counters:
-            if counter.site.root == "result" or counter.advances < 1:
-                self.err(
-                    "CLK049",
-                    f"counter '{counter.site.dotted()}' of callable '{k.name}' must be a model "
-                    "attribute that advances by at least 1 per call",
-                    counter.span,
-                )
+            self._check_counter(k, counter)
             if counter.tracks is not None:
                 self._check_tracks(k, counter)
         for guard in k.guards:
@@ -233,6 +228,27 @@ class CallableRules:
             return Value(numbers.bound, numbers.axis_clock)
 
         return extent
+
+    def _check_counter(self, k: ir.Callable, counter: ir.HostCounter) -> None:
+        """CLK049: a model attribute, advancing by at least 1 a call, by an amount or by
+        one configuration variable the signature shows (compiler/counter_advance.py)."""
+        where = f"counter '{counter.site.dotted()}' of callable '{k.name}'"
+        if counter.site.root == "result":
+            self.err(
+                "CLK049", f"{where} must be a model attribute, not the call's result", counter.span
+            )
+            return
+        try:
+            got = amounts(counter, k, self.out.consts, signature_variables(k))
+        except AdvanceError as e:
+            self.err("CLK049", f"{where} {e}", counter.span)
+            return
+        except EvalError as e:
+            if e.code is not None:
+                self.err(e.code, e.message, e.span)
+            return
+        if min(got.all(), default=1) < 1:
+            self.err("CLK049", f"{where} must advance by at least 1 per call", counter.span)
 
     def _check_configs(self, k: ir.Callable) -> set[str]:
         config_names: set[str] = set()

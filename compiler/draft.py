@@ -262,12 +262,15 @@ def _callable(
 def _counters(k, comments: list[str]) -> tuple[ir.HostCounter, ...]:
     """The host ints every call advanced, drafted as staged counters (said in comments)."""
     counters = tuple(
-        ir.HostCounter(site=_path(c.site), advances=c.advances, start=c.start, staged=True)
+        ir.HostCounter(
+            site=_path(c.site), advances=ir.Quantity(value=c.advances), start=c.start, staged=True
+        )
         for c in k.counters
     )
     for c in counters:
         comments += textwrap.wrap(
-            f"counter {c.site.dotted()}: a host int every call advanced by {c.advances}. "
+            f"counter {c.site.dotted()}: a host int every call advanced by "
+            f"{c.advances.value}. "
             "Drafted `staged`: what the call derives from it reaches the graphs through "
             "device buffers, and what it decides is checked on every replay. `from` is its "
             "value at the first recorded call; raise it past a first call that takes another "

@@ -41,6 +41,8 @@ from duplexcadence.compiler.lowered import (
 )
 from duplexcadence.compiler.validate import Checked
 from duplexcadence.compiler.silent_loss import used_regions
+from duplexcadence.compiler.callable_rules import signature_variables
+from duplexcadence.compiler.counter_advance import amounts
 
 RETENTION = {
     "head_tail": ("HeadTail", ("head", "tail")),
@@ -212,12 +214,14 @@ def _layout_free(k: ir.Callable) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _counter(n: ir.HostCounter, checked: Checked) -> Counter:
+def _counter(n: ir.HostCounter, k: ir.Callable, checked: Checked) -> Counter:
     tracks = None
     if n.tracks is not None:
         r = checked.regions[n.tracks]
         tracks = Tracks(n.tracks, r.start, r.stride, r.bound)
-    return Counter(n.site.dotted(), n.advances, n.start, n.staged, tracks)
+    # validated (callable_rules.py): an amount, or one per value of a signature variable
+    got = amounts(n, k, checked.consts, signature_variables(k))
+    return Counter(n.site.dotted(), got.constant, n.start, n.staged, tracks, got.by, got.per_value)
 
 
 def _objects(k: ir.Callable, regions: dict[str, ir.Region]) -> tuple[StateObject, ...]:
@@ -255,7 +259,7 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         ),
         # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
-        counters=tuple(_counter(n, checked) for n in k.counters),
+        counters=tuple(_counter(n, k, checked) for n in k.counters),
         guards=tuple(Guard(g.site.dotted(), g.value) for g in k.guards),
         objects=_objects(k, regions),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
@@ -461,6 +465,7 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
             ("Counter", k.counters),
             ("Guard", k.guards),
             ("Tracks", [n for n in k.counters if n.tracks is not None]),
+            ("Advance", [n for n in k.counters if n.by is not None]),
         ):
             if present:
                 used.add(name)

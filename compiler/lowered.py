@@ -108,11 +108,16 @@ class Tracks:
 
 @dataclass(frozen=True)
 class Counter:
+    """``advances``: the amount a call, or with ``by`` the amount at each value of that
+    configuration variable (``per_value``; compiler/counter_advance.py)."""
+
     site: str
     advances: int
     start: int
     staged: bool = False
     tracks: Tracks | None = None
+    by: str | None = None
+    per_value: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ GENERATED_NAMES = frozenset(
         "TARGET",
         "__all__",
         # what it imports from the runtime
+        "Advance",
         "Aliased",
         "Autocast",
         "BatchDecl",

@@ -270,7 +270,7 @@ _CODES = [
         "CLK049",
         "error",
         "bad counter",
-        "A counter is a model attribute that advances by at least 1 per call; a counter that `tracks R` names a region argument of its callable with an attended extent (`attended from ... by ...`).",
+        "A counter is a model attribute that advances by at least 1 per call, an amount or an expression over one configuration variable the call's signature shows, with integer values (`advances w`: each class by its own amount; such a counter does not `tracks` a region); a counter that `tracks R` names a region argument of its callable with an attended extent (`attended from ... by ...`).",
     ),
     # ---- binding sites
     Code(

@@ -233,10 +233,12 @@ class Retains(Node):
 class HostCounter(Node):
     """A host-side int the stock body advances on every call (e.g. a step counter
     that gates a warm-up branch): calls before `start` run eager; capture sees
-    `start`; every replay advances it as the body would have."""
+    `start`; every replay advances it as the body would have. `advances` is an amount,
+    or an expression over one configuration variable (`advances w`: a verify call of
+    width w moves a position by w), so each class advances by its own amount."""
 
     site: Path
-    advances: int
+    advances: Expr
     start: int
     # `staged`: what the body derives from it reaches the graph through device buffers
     # (runtime/engine/staging.py), so replays read the live value, not the capture's

@@ -318,7 +318,7 @@ class _ToIR(Transformer):
         flags = dict(c[3:])  # counter_flag*: ("staged", True), ("tracks", name)
         node = ir.HostCounter(
             site=c[0],
-            advances=int(c[1]),
+            advances=c[1],
             start=int(c[2]),
             staged=flags.get("staged", False),
             tracks=flags.get("tracks"),

@@ -121,7 +121,7 @@ def _callable(k: ir.Callable) -> list[str]:
         out.append(f"  config {names} in {{{values}}}")
     for n in k.counters:
         flags = (" staged" if n.staged else "") + (f" tracks {n.tracks}" if n.tracks else "")
-        out.append(f"  counter {path(n.site)} advances {n.advances} from {n.start}{flags}")
+        out.append(f"  counter {path(n.site)} advances {expr(n.advances)} from {n.start}{flags}")
     for g in k.guards:
         out.append(f"  guard {path(g.site)} {g.op} {literal(g.value)}")
     for a in k.ambient:

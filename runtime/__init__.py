@@ -37,7 +37,7 @@ from .engine.classes import (
     materialize,
     staging_bytes,
 )
-from .state.counters import HostCounter, Tracks
+from .state.counters import Advance, HostCounter, Tracks
 from .controls import (
     ReplayMiss,
     replay_enabled,
@@ -178,6 +178,7 @@ __all__ += [
     "SessionPool",
     "SessionRequired",
     "bind_contract",
+    "Advance",
     "HostCounter",
     "Tracks",
     "pin_at",

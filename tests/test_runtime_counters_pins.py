@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from duplexcadence.runtime import (
+    Advance,
     CaptureClass,
     Effect,
     ExactShapeReplay,
@@ -22,6 +23,7 @@ from duplexcadence.runtime import (
     Region,
     RegionSpec,
     TensorSpec,
+    Tracks,
     pin_at,
     set_replay_enabled,
 )
@@ -129,3 +131,92 @@ def test_a_body_that_advances_its_own_counter_is_advanced_once_per_replay() -> N
     for _ in range(8):
         engine(torch.arange(3.0))
     assert engine.hits == 8 and state.steps == 10
+
+
+@torch.inference_mode()
+def test_a_counter_advances_by_the_replayed_class_s_amount() -> None:
+    """``counter pos advances w``: a verify call of width w moves a position by w. The
+    engine advances it after each replay by the amount of the class it replayed (the
+    class name carries w), whatever the body did."""
+    state = types.SimpleNamespace(pos=0)
+
+    def body(x):  # a graph runs no Python: this body leaves the counter alone
+        return x * 2
+
+    engine = ExactShapeReplay(
+        body,
+        name="verify",
+        classes=[
+            CaptureClass(f"w={w}", (TensorSpec((1, w), torch.float32),)) for w in (1, 2, 3)
+        ],
+        regions={},
+        declared_effect=Effect.NONE,
+        device="cpu",
+        backend=FakeGraphBackend(),
+        counters=[
+            HostCounter(
+                "state.pos",
+                read=lambda: state.pos,
+                write=lambda v: setattr(state, "pos", v),
+                advances=Advance("w", {1: 1, 2: 2, 3: 3}),
+                start=0,
+            )
+        ],
+    ).capture_all(progress=False)
+    assert state.pos == 0
+    for w in (3, 1, 2, 2):
+        engine(torch.ones(1, w))
+    assert engine.hits == 4 and state.pos == 8
+    shown = engine.stats()["counters"]["state.pos"]["advances"]
+    assert shown == {"by": "w", "amounts": {"1": 1, "2": 2, "3": 3}}
+
+
+def test_a_per_value_advance_refuses_a_bad_declaration() -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        Advance("w", {1: 0})
+    with pytest.raises(KeyError, match="names no value of w"):
+        Advance("w", {1: 1}).of_class("n=1")
+    tracks = Tracks("kv", first=0, stride=1, last=4)
+    with pytest.raises(ValueError, match="one amount"):
+        HostCounter("c", lambda: 0, lambda v: None, Advance("w", {1: 1}), 0, tracks=tracks)
+
+
+COUNTED = """
+contract counted
+clock round = 1 per call
+callable verify {
+  site verify
+  per round
+  arg x: float32 [1, w]
+  config w in {1, 2, 3}
+  counter pos advances w from 0
+}
+"""
+
+
+class Verifier:
+    """Stock code that moves a host position by the width it verified."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def verify(self, x):
+        self.pos += x.shape[1]
+        return x * 2
+
+
+@torch.inference_mode()
+def test_a_contract_s_counter_advances_by_a_config_variable() -> None:
+    from fuzzing import compile_source, compiled_adapter
+
+    generated = compile_source(COUNTED, "counted.clock").files
+    assert any('advances=Advance("w", {1: 1, 2: 2, 3: 3})' in t for t in generated.values())
+    model, stock = Verifier(), Verifier()
+    binding = compiled_adapter(COUNTED, "counted.clock").bind(
+        model, device="cpu", backend="simulate", progress=False
+    )
+    for w in (2, 3, 1, 3):
+        x = torch.full((1, w), float(w))
+        assert torch.equal(model.verify(x), stock.verify(x))
+    assert model.pos == stock.pos == 9
+    assert binding.stats()["callables"]["verify"]["hits"] == 4

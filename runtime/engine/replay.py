@@ -218,7 +218,7 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         for i, buf in e.staged:
             buf.copy_(leaves[i])
         try:
-            replay_advancing(self.counters, e.captured.replay)
+            replay_advancing(self.counters, e.captured.replay, e.cls.name)
         except StaleHostValue as exc:
             return self._stale(e, str(exc))
         e.hits += 1

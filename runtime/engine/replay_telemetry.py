@@ -18,6 +18,7 @@ from .ambient import describe_difference
 from .classes import staging_bytes
 from ..controls import ReplayMiss, strict_mode
 from .replay_entry import EAGER_BY_DESIGN, MISS_LOG_LIMIT
+from ..state.counters import shown_advances
 
 
 class ReplayTelemetry:
@@ -89,7 +90,10 @@ class ReplayTelemetry:
             "effect": "unclassified" if self.effect is None else self.effect.value,
             "declared_effect": self.declared_effect.value,
             "rejected": self.rejected,
-            "counters": {c.name: {"start": c.start, "advances": c.advances} for c in self.counters},
+            "counters": {
+                c.name: {"start": c.start, "advances": shown_advances(c.advances)}
+                for c in self.counters
+            },
             "hits": self.hits,
             "misses": dict(self.misses),
             "miss_details": dict(self.miss_details),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..state.counters import Tracks
+from ..state.counters import Advance, Tracks
 from ..state.sites import Step, parse_path
 
 
@@ -76,7 +76,7 @@ class Retains:
 @dataclass(frozen=True)
 class Counter:
     site: tuple[Step, ...]
-    advances: int
+    advances: int | Advance  # an amount, or one per value of a config variable
     start: int
     staged: bool = False  # read live by graphs through device buffers (engine/staging.py)
     tracks: Tracks | None = None  # captured where the stream meets a region's extent

@@ -10,7 +10,9 @@ counter and the engine does the body's host work itself:
     the graph is for) and the caller's value is restored afterwards;
   * replay: the counter advances by ``advances``, exactly as the body would have,
     once (``replay_advancing``: a backend that re-runs the body, the simulate one,
-    would otherwise move it twice).
+    would otherwise move it twice). ``advances`` is an amount, or an ``Advance``: the
+    amount at each value of a configuration variable the class's name shows
+    (``counter pos advances w``: a verify call of width w moves a position by w).
 """
 
 from __future__ import annotations
@@ -47,11 +49,32 @@ class Tracks:
 
 
 @dataclass(frozen=True)
+class Advance:
+    """``advances w``: the amount at each value of configuration variable ``by``, which
+    a class's name carries (``w=3,...``: the compiler's class labels)."""
+
+    by: str
+    amounts: Mapping[int, int]
+
+    def __post_init__(self) -> None:
+        if not self.amounts or min(self.amounts.values()) < 1:
+            raise ValueError(f"advances by {self.by}: amounts must be >= 1, got {self.amounts}")
+
+    def of_class(self, name: str) -> int:
+        """The amount of the class named ``name``."""
+        for part in name.split(","):
+            key, eq, value = part.partition("=")
+            if eq and key == self.by:
+                return self.amounts[int(value)]
+        raise KeyError(f"class {name!r} names no value of {self.by}")
+
+
+@dataclass(frozen=True)
 class HostCounter:
     name: str  # the dotted site, for reports
     read: Callable[[], int]
     write: Callable[[int], None]
-    advances: int
+    advances: int | Advance
     start: int
     # staged: what the body derives from it reaches a graph through device buffers
     # (engine/staging.py), so replays at any value read the live one
@@ -64,14 +87,22 @@ class HostCounter:
         t = self.tracks
         if t is None or extents.get(t.region) is None:
             return self.start
-        return self.start + t.calls_to(extents[t.region]) * self.advances
+        return self.start + t.calls_to(extents[t.region]) * self.amount("")
 
     def __post_init__(self) -> None:
-        if self.advances < 1 or self.start < 0:
+        by_class = isinstance(self.advances, Advance)
+        if (not by_class and self.advances < 1) or self.start < 0:
             raise ValueError(
                 f"counter {self.name}: advances must be >= 1 and start >= 0, "
                 f"got advances={self.advances} start={self.start}"
             )
+        if by_class and self.tracks is not None:
+            raise ValueError(f"counter {self.name}: a tracked counter advances by one amount")
+
+    def amount(self, cls: str) -> int:
+        """What a replay of class ``cls`` advances the counter by."""
+        a = self.advances
+        return a.of_class(cls) if isinstance(a, Advance) else a
 
     def value(self) -> int:
         v = self.read()
@@ -85,6 +116,13 @@ class HostCounter:
         return self.value() >= self.start
 
 
+def shown_advances(advances: int | Advance) -> int | dict:
+    """A counter's ``advances`` as JSON: the amount, or {"by", "amounts"}."""
+    if isinstance(advances, Advance):
+        return {"by": advances.by, "amounts": {str(v): a for v, a in advances.amounts.items()}}
+    return advances
+
+
 def at_start(counters: Sequence[HostCounter], extents: Mapping[str, int] = {}) -> None:
     """Every counter where a class with these region extents is met (``start`` unless it
     tracks one of them): warm-up and capture take the branch the graph is for. (Host
@@ -93,14 +131,17 @@ def at_start(counters: Sequence[HostCounter], extents: Mapping[str, int] = {}) -
         counter.write(counter.at_class(extents))
 
 
-def replay_advancing(counters: Sequence[HostCounter], replay: Callable[[], None]) -> None:
-    """Run ``replay`` (one graph launch); then every counter is one step past where it
-    was before. A graph runs no Python, so the step is the engine's; whatever the
-    replay did to a counter (a simulated one re-runs the body) is overwritten."""
+def replay_advancing(
+    counters: Sequence[HostCounter], replay: Callable[[], None], cls: str = ""
+) -> None:
+    """Run ``replay`` (one graph launch of class ``cls``); then every counter is one step
+    past where it was before. A graph runs no Python, so the step is the engine's;
+    whatever the replay did to a counter (a simulated one re-runs the body) is
+    overwritten."""
     if not counters:  # the replay hot path of most callables
         replay()
         return
     before = [c.value() for c in counters]
     replay()
     for counter, value in zip(counters, before):
-        counter.write(value + counter.advances)
+        counter.write(value + counter.amount(cls))
