@@ -184,6 +184,37 @@ class As2dRun:
                 result[key] = result[key] + [f"drafter.{s}" for s in drafter[key]]
             result["catalog_met"] = result["catalog_met"] and drafter["catalog_met"]
         result["replay_equals_eager"] = self.replay_equals_eager()
+        result["call_ms_by_width"] = self.call_ms_by_width()
+
+    def call_ms_by_width(self) -> dict:
+        """A bound decoder call's wall time at each width 1..budget + 1 (the target's, and
+        the drafter's where bound), the LM head included: what a verify round costs
+        against a greedy step. Host-timed around 20 calls (2 on the CPU) after 2."""
+        import time
+
+        import torch
+
+        W, device = self.W, self.ctx.device
+        sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+        reps = 20 if device.type == "cuda" else 2
+        out = {}
+        for name, state in (("target", self.target), ("drafter", self.drafter)):
+            if state is None:
+                continue
+            request = W.Request(state, self.seeds[0])
+            request.prefill()
+            out[name] = {}
+            for w in range(1, self.args.budget + 2):
+                tokens = torch.full((1, w), W.PROMPT[-1], device=device)
+                for _ in range(2):
+                    request.decode(tokens, len(W.PROMPT))
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    request.decode(tokens, len(W.PROMPT))
+                sync()
+                out[name][str(w)] = (time.perf_counter() - t0) * 1e3 / reps
+        return out
 
     def replay_equals_eager(self) -> dict:
         """Tier 1 (module docstring): one more request, graphed live vs eager replay."""
@@ -310,6 +341,7 @@ def headline(doc: dict) -> dict:
         "slower_than_target_only_graphed": slower_fraction(doc, GRAPHED, "adapter"),
         "tokens_per_s_after_prefill": rates,
         "accepted_per_round": {c: acceptance(doc, c) for c in cells},
+        "call_ms_by_width": first.get("call_ms_by_width"),
     }
 
 
