@@ -86,13 +86,18 @@ FLAGS = {
     ),
     "--epsilon": dict(type=float, default=0.22, help="oracle corruption rate (0.22: ~3 of 8)"),
     "--budget": dict(type=int, default=8, help="candidates verified per round at most (B)"),
+    "--dtype": dict(
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the models' dtype (bfloat16: the float32 weights rounded; tier 2 may differ)",
+    ),
     "--shapes": dict(
         default="large-v3,draft",
         help="target,drafter shapes (transformers_whisper.SHAPES; tiny,draft-tiny: the "
         "CPU smoke run's, their contracts compiled with their widths)",
     ),
 }
-MEASURE = ("tokens_per_request", "source", "epsilon", "budget", "shapes")
+MEASURE = ("tokens_per_request", "source", "epsilon", "budget", "dtype", "shapes")
 
 
 class As2dRun:
@@ -116,14 +121,17 @@ class As2dRun:
         return self.A.Arm(loop, target, drafter, a.source, a.epsilon, a.budget)
 
     def build(self) -> None:
+        import torch
+
         W, a, device = self.W, self.args, self.ctx.device
         self.shapes = a.shapes.split(",")
-        self.model = W.build_whisper(self.shapes[0], a.seed, device)
+        self.dtype = getattr(torch, a.dtype)
+        self.model = W.build_whisper(self.shapes[0], a.seed, device, self.dtype)
         self.target = W.new_state(self.model)
         uses_drafter = self.cell.loop in ("serial", "decoupled") or self.cell.assistant
         self.drafter_model = None
         if uses_drafter:
-            self.drafter_model = W.build_whisper(self.shapes[1], a.seed + 1, device)
+            self.drafter_model = W.build_whisper(self.shapes[1], a.seed + 1, device, self.dtype)
         self.drafter = W.new_state(self.drafter_model) if self.drafter_model else None
         self.ctx.result["model"] = {
             "params": sum(p.numel() for p in self.model.parameters()),
@@ -222,10 +230,10 @@ class As2dRun:
 
         W, A, a, device = self.W, self.A, self.args, self.ctx.device
         seed, n = self.seeds[-1], a.tokens_per_request
-        target = W.new_state(W.build_whisper(self.shapes[0], a.seed, device))
+        target = W.new_state(W.build_whisper(self.shapes[0], a.seed, device, self.dtype))
         drafter = None
         if self.drafter is not None:
-            drafter = W.new_state(W.build_whisper(self.shapes[1], a.seed + 1, device))
+            drafter = W.new_state(W.build_whisper(self.shapes[1], a.seed + 1, device, self.dtype))
         oracle = A.trajectory(target, seed, n) if a.source == "oracle" else None
         live = self.arm.run(seed, n, oracle=oracle)
         replay = self._arm(target, drafter).run(
@@ -384,7 +392,8 @@ WORKLOAD = Workload(
     start=start,
     streams=(TOKENS,),
     title=lambda doc: "AS2D on Whisper large-v3 (transformers "
-    f"{doc.get('vendor_version')}, seeded random weights, fp32, static caches, batch 1)",
+    f"{doc.get('vendor_version')}, seeded random weights, "
+    f"{doc['settings'].get('dtype', 'float32')}, static caches, batch 1)",
     description="Decoupled audio speculative decoding (a drafter thread on its own CUDA "
     "stream, a verifier of the ready candidates) against target-only and serial "
     "speculative decoding, eager and graphed, and the vendor's generate() loops.",
@@ -411,7 +420,6 @@ WORKLOAD = Workload(
         **{dest: getattr(args, dest) for dest in MEASURE},
         "target": "large-v3",
         "drafter": "draft (whisper-tiny widths, 4 decoder layers)",
-        "dtype": "float32",
         "attention": "eager",
         "cache": "static (448 decoder positions, 1500 encoder frames)",
         "batch": 1,

@@ -95,8 +95,11 @@ def config(shape: str) -> Any:
     )
 
 
-def build_whisper(shape: str = "large-v3", seed: int = 0, device: Any = "cpu") -> Any:
-    """The released WhisperForConditionalGeneration at ``shape``, seeded, eval."""
+def build_whisper(
+    shape: str = "large-v3", seed: int = 0, device: Any = "cpu", dtype: Any = torch.float32
+) -> Any:
+    """The released WhisperForConditionalGeneration at ``shape``, seeded, eval; drawn in
+    float32, then cast to ``dtype`` (bfloat16: the same weights, rounded)."""
     reason = unavailable_reason()
     if reason is not None:
         raise ImportError(reason)
@@ -105,7 +108,7 @@ def build_whisper(shape: str = "large-v3", seed: int = 0, device: Any = "cpu") -
     torch.manual_seed(subseed(seed, 0))
     # initialized where it runs: large-v3's 1.5 B parameters take minutes on a CPU
     with torch.device(device):
-        return WhisperForConditionalGeneration(config(shape)).eval()
+        return WhisperForConditionalGeneration(config(shape)).eval().to(dtype)
 
 
 def _widths(shape: str) -> dict[str, int]:
@@ -114,9 +117,10 @@ def _widths(shape: str) -> dict[str, int]:
     return {"heads": s["heads"], "head_dim": s["d_model"] // s["heads"], "d_model": s["d_model"]}
 
 
-def contract_text(shape: str, base: str | None = None) -> str:
+def contract_text(shape: str, base: str | None = None, dtype: str = "float32") -> str:
     """The contract written for ``base`` (``CONTRACTS``, shipped with the package) with
-    ``shape``'s widths as its constants: the tiny shapes differ from theirs in these only."""
+    ``shape``'s widths as its constants (the tiny shapes differ from theirs in these only)
+    and ``dtype`` for its float32 tensors (the caches, the encoder output)."""
     from importlib import resources
 
     base = base or base_shape(shape)
@@ -127,6 +131,9 @@ def contract_text(shape: str, base: str | None = None) -> str:
         old = f"const {name} = {large}"
         assert old in text, old
         text = text.replace(old, f"const {name} = {value}")
+    for old in ("dtype float32", "encoder_hidden_states: float32"):
+        assert old in text, old
+        text = text.replace(old, old.replace("float32", dtype))
     return text
 
 
@@ -161,7 +168,8 @@ class Request:
         self.device = next(model.parameters()).device
         with torch.no_grad():
             self.encoded = model.model.encoder(
-                features(request_seed, self.device), return_dict=False
+                features(request_seed, self.device).to(next(model.parameters()).dtype),
+                return_dict=False,
             )[0]
 
     @torch.no_grad()
@@ -214,7 +222,7 @@ def vendor_greedy(model: Any, request_seed: int, n: int, assistant: Any = None) 
     # decoder_input_ids beside an assistant model
     model.generation_config.forced_decoder_ids = [[i, t] for i, t in enumerate(PROMPT) if i]
     out = model.generate(
-        features(request_seed, device),
+        features(request_seed, device).to(model.dtype),
         max_new_tokens=n,
         do_sample=False,
         num_beams=1,
@@ -320,20 +328,21 @@ def base_shape(shape: str) -> str:
     return next(b for b in CONTRACTS if SHAPES[b]["decoder_layers"] == depth)
 
 
-def adapter_module(shape: str) -> Any:
-    """The generated adapter module for ``shape``: the shipped package for a contract's
-    own shape, else its contract compiled with ``shape``'s widths (``contract_text``)."""
+def adapter_module(shape: str, dtype: str = "float32") -> Any:
+    """The generated adapter module for ``shape`` and ``dtype``: the shipped package for a
+    contract's own shape in float32, else its contract compiled with ``shape``'s widths
+    and ``dtype`` (``contract_text``)."""
     import importlib
 
     base = base_shape(shape)
-    if shape == base:
+    if shape == base and dtype == "float32":
         return importlib.import_module(f"duplexcadence.generated.{CONTRACTS[base]}.adapter")
     from duplexcadence.compiler.driver import compile_source
     from duplexcadence.compiler.loader import import_generated
 
-    result = compile_source(contract_text(shape, base), f"{CONTRACTS[base]}.clock")
+    result = compile_source(contract_text(shape, base, dtype), f"{CONTRACTS[base]}.clock")
     assert result.ok, result.diagnostics
-    package = import_generated(result.files, prefix=f"whisper_{shape.replace('-', '_')}")
+    package = import_generated(result.files, prefix=f"whisper_{shape.replace('-', '_')}_{dtype}")
     return importlib.import_module(f"{package.__name__}.adapter")
 
 
@@ -346,7 +355,9 @@ def bind_adapter(
     shape: str = "large-v3",
 ) -> Any:
     """Bind ``shape``'s generated adapter (``adapter_module``: the target's
-    contracts/whisper_decoder.clock or the drafter's contracts/whisper_drafter.clock)."""
-    return adapter_module(shape).bind(
+    contracts/whisper_decoder.clock or the drafter's contracts/whisper_drafter.clock) in
+    the dtype of ``state``'s model."""
+    dtype = str(next(state.whisper.parameters()).dtype).removeprefix("torch.")
+    return adapter_module(shape, dtype).bind(
         state, device=device, capture=capture, progress=False, backend=backend
     )

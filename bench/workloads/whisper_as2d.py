@@ -41,6 +41,7 @@ next input is what it published.
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,7 +148,7 @@ class Producer:
 
         def body() -> None:
             try:
-                with torch.no_grad(), torch.cuda.stream(stream) if stream else _null():
+                with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():
                     self.run(limit)
             except BaseException as e:  # noqa: BLE001 (re-raised by join)
                 self.error = e
@@ -161,12 +162,6 @@ class Producer:
             self.thread.join()
         if self.error is not None:
             raise self.error
-
-
-class _null:
-    def __enter__(self) -> None: ...
-
-    def __exit__(self, *_: Any) -> None: ...
 
 
 @dataclass
