@@ -43,32 +43,32 @@ GRAPHED = "as2d_graphed"  # the arm of the headline
 
 
 @dataclass(frozen=True)
-class Arm(Cell):
+class As2dCell(Cell):
     loop: str = "alone"  # whisper_as2d.Arm's loop, or "hf" (the vendor's generate())
     bind: bool = False
     assistant: bool = False  # hf: generate(assistant_model=drafter)
 
 
 CELLS = (
-    Arm("stock", "target alone, eager (the reference)"),
-    Arm("adapter", "target alone, graphed (generated adapter)", loop="alone", bind=True),
-    Arm("hf_generate", "the vendor's generate() greedy, eager", loop="hf"),
-    Arm(
+    As2dCell("stock", "target alone, eager (the reference)"),
+    As2dCell("adapter", "target alone, graphed (generated adapter)", loop="alone", bind=True),
+    As2dCell("hf_generate", "the vendor's generate() greedy, eager", loop="hf"),
+    As2dCell(
         "hf_assisted",
         "the vendor's generate(assistant_model=drafter): serial speculative decoding with "
         "the random drafter, eager",
         loop="hf",
         assistant=True,
     ),
-    Arm("sd", "serial speculative decoding, eager", loop="serial"),
-    Arm(
+    As2dCell("sd", "serial speculative decoding, eager", loop="serial"),
+    As2dCell(
         "sd_graphed",
         "serial speculative decoding, target and drafter graphed",
         loop="serial",
         bind=True,
     ),
-    Arm("as2d", "AS2D: decoupled drafter thread and verifier, eager", loop="decoupled"),
-    Arm(
+    As2dCell("as2d", "AS2D: decoupled drafter thread and verifier, eager", loop="decoupled"),
+    As2dCell(
         GRAPHED,
         "AS2D: decoupled drafter thread and verifier, both graphed",
         loop="decoupled",
@@ -325,7 +325,7 @@ def acceptance(doc: dict, cell: str) -> dict:
         for q in _window(r) if r else []:
             for k, v in q.get("accepted", {}).items():
                 hist[k] = hist.get(k, 0) + v
-    drafted = sum(v for k, v in hist.items())
+    drafted = sum(hist.values())
     mean = sum(int(k) * v for k, v in hist.items()) / drafted if drafted else None
     return {"histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))), "mean": mean}
 
@@ -355,15 +355,14 @@ def headline(doc: dict) -> dict:
 
 def describe(doc: dict) -> list[str]:
     """The report's headline lines."""
-    h = {k: doc.get(k) for k in ("speedup_vs_target_only_graphed", "replay_equals_eager")}
     lines = [
         f"- source {doc['settings'].get('source')}, epsilon {doc['settings'].get('epsilon')}, "
         f"budget {doc['settings'].get('budget')}, "
         f"{doc['settings'].get('tokens_per_request')} tokens a request",
         f"- {GRAPHED} vs target alone graphed (tokens/s after prefill): "
-        f"{_fmt(h['speedup_vs_target_only_graphed'])}x; requests slower: "
+        f"{_fmt(doc.get('speedup_vs_target_only_graphed'))}x; requests slower: "
         f"{_fmt(doc.get('slower_than_target_only_graphed'))}; tier 1 (replay = eager): "
-        f"{h['replay_equals_eager']}; tier 2 match rate: "
+        f"{doc.get('replay_equals_eager')}; tier 2 match rate: "
         f"{_fmt(doc.get('target_greedy_match_rate'))}",
         "",
         "| cell | tokens/s after prefill | mean accepted per round | greedy match rate |",

@@ -67,8 +67,8 @@ class CallableRules:
         arg_regions = self._check_args(k, regions, config_names)
         self._check_region_uses(k, regions, arg_regions)
         self._check_one_stepped_clock(k, arg_regions)
-        for counter in k.counters:
-            self._check_counter(k, counter)
+        for i, counter in enumerate(k.counters):
+            self._check_counter(k, i, counter)
             if counter.tracks is not None:
                 self._check_tracks(k, counter)
         for guard in k.guards:
@@ -229,9 +229,10 @@ class CallableRules:
 
         return extent
 
-    def _check_counter(self, k: ir.Callable, counter: ir.HostCounter) -> None:
+    def _check_counter(self, k: ir.Callable, i: int, counter: ir.HostCounter) -> None:
         """CLK049: a model attribute, advancing by at least 1 a call, by an amount or by
-        one configuration variable the signature shows (compiler/counter_advance.py)."""
+        one configuration variable the signature shows (compiler/counter_advance.py);
+        the amounts of a valid one go to lowering (``Checked.counter_amounts``)."""
         where = f"counter '{counter.site.dotted()}' of callable '{k.name}'"
         if counter.site.root == "result":
             self.err(
@@ -249,6 +250,8 @@ class CallableRules:
             return
         if min(got.all(), default=1) < 1:
             self.err("CLK049", f"{where} must advance by at least 1 per call", counter.span)
+            return
+        self.out.counter_amounts[(k.name, i)] = got
 
     def _check_configs(self, k: ir.Callable) -> set[str]:
         config_names: set[str] = set()

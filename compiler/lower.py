@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from duplexcadence.dsl import ir
 from duplexcadence.compiler.analysis import Analysis, CatalogClass, tensor_layout
+from duplexcadence.compiler.counter_advance import Amounts
 from duplexcadence.compiler.lowered import (
     Aliased,
     Batch,
@@ -41,8 +42,6 @@ from duplexcadence.compiler.lowered import (
 )
 from duplexcadence.compiler.validate import Checked
 from duplexcadence.compiler.silent_loss import used_regions
-from duplexcadence.compiler.callable_rules import signature_variables
-from duplexcadence.compiler.counter_advance import amounts
 
 RETENTION = {
     "head_tail": ("HeadTail", ("head", "tail")),
@@ -214,13 +213,12 @@ def _layout_free(k: ir.Callable) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _counter(n: ir.HostCounter, k: ir.Callable, checked: Checked) -> Counter:
+def _counter(n: ir.HostCounter, got: Amounts, checked: Checked) -> Counter:
     tracks = None
     if n.tracks is not None:
         r = checked.regions[n.tracks]
         tracks = Tracks(n.tracks, r.start, r.stride, r.bound)
-    # validated (callable_rules.py): an amount, or one per value of a signature variable
-    got = amounts(n, k, checked.consts, signature_variables(k))
+    # ``got``: validation's amounts (callable_rules.py), one or one per config value
     return Counter(n.site.dotted(), got.constant, n.start, n.staged, tracks, got.by, got.per_value)
 
 
@@ -259,7 +257,10 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         ),
         # (the pinned ones among them the runtime derives: declared.ContractDecl)
         writes=tuple(w for w in k.writes if regions[w].site is not None),
-        counters=tuple(_counter(n, k, checked) for n in k.counters),
+        counters=tuple(
+            _counter(n, checked.counter_amounts[(k.name, i)], checked)
+            for i, n in enumerate(k.counters)
+        ),
         guards=tuple(Guard(g.site.dotted(), g.value) for g in k.guards),
         objects=_objects(k, regions),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,

@@ -18,6 +18,7 @@ from typing import Mapping
 
 from duplexcadence.compiler.batch_rules import BatchRules
 from duplexcadence.compiler.callable_rules import CallableRules
+from duplexcadence.compiler.counter_advance import Amounts
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.extents import APERY_LIMIT, AmountSet
 from duplexcadence.compiler.names import check_names
@@ -61,6 +62,8 @@ class Checked:
     clock_names: frozenset[str] = frozenset()
     # the session-parameter values this environment was folded at (compiler/params.py)
     params: dict[str, int] = field(default_factory=dict)
+    # (callable, counter index) -> what the counter advances by (counter_advance.py)
+    counter_amounts: dict[tuple[str, int], Amounts] = field(default_factory=dict)
 
 
 class _Validator(RegionRules, CallableRules, BatchRules):

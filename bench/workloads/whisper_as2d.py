@@ -188,7 +188,8 @@ class Serial:
     def __init__(self, state: Any, request_seed: int, source: Source, budget: int) -> None:
         self.request = W.Request(state, request_seed)
         self.logits = self.request.prefill()
-        self.source, self.budget, self.fed, self.ready = source, budget, 0, 0
+        self.source, self.budget, self.fed = source, budget, 0
+        self.ready = 0  # nothing is drafted ahead: each round drafts its own
 
     def candidates(self, committed: list[int], room: int) -> list[int]:
         new = committed[self.fed :]  # catch up on what the target committed: one call
@@ -270,7 +271,7 @@ def decode_request(request: Any, n: int, proposer: Any, budget: int = 8) -> Tran
         position += a + 1
         last = target[a : a + 1][None].clone()  # aligned (a graph's input)
         proposer.observe(got[: a + 1])
-        out.schedule.append(getattr(proposer, "ready", 0))
+        out.schedule.append(proposer.ready)
         out.widths.append(len(drafts) + 1)
         out.accepted.append(a)
     out.decode_s = time.perf_counter() - t0

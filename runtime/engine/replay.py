@@ -146,6 +146,7 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
                 a,
                 first_variant=(j == 0),
                 name=c.name if len(self.ambient) == 1 else f"{c.name} @autocast={a.label}",
+                counter_amounts=tuple(k.amount(c.name) for k in self.counters),
             )
             for i, c in enumerate(self.classes)
             for j, a in enumerate(self.ambient)
@@ -218,7 +219,7 @@ class ExactShapeReplay(CaptureSteps, ReplayTelemetry):
         for i, buf in e.staged:
             buf.copy_(leaves[i])
         try:
-            replay_advancing(self.counters, e.captured.replay, e.cls.name)
+            replay_advancing(self.counters, e.captured.replay, e.counter_amounts)
         except StaleHostValue as exc:
             return self._stale(e, str(exc))
         e.hits += 1

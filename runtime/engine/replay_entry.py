@@ -38,6 +38,9 @@ class Entry:
     name: str = ""  # the class name, with its autocast state when several are declared
     stage_uses: Any = None  # staging.StagedUses: staged counters' buffers and guards
     capture_fn: Any = None  # what the capture runs: the callable, staged if declared
+    # what a replay advances each declared host counter by (state/counters.py): resolved
+    # from the class once, not on every replay
+    counter_amounts: tuple[int, ...] = ()
 
 
 # Misses kept with their detail per engine (binding.report() lists them); later ones

@@ -87,7 +87,9 @@ class HostCounter:
         t = self.tracks
         if t is None or extents.get(t.region) is None:
             return self.start
-        return self.start + t.calls_to(extents[t.region]) * self.amount("")
+        step = self.advances
+        assert isinstance(step, int)  # a tracked counter advances by one amount: __post_init__
+        return self.start + t.calls_to(extents[t.region]) * step
 
     def __post_init__(self) -> None:
         by_class = isinstance(self.advances, Advance)
@@ -132,16 +134,17 @@ def at_start(counters: Sequence[HostCounter], extents: Mapping[str, int] = {}) -
 
 
 def replay_advancing(
-    counters: Sequence[HostCounter], replay: Callable[[], None], cls: str = ""
+    counters: Sequence[HostCounter], replay: Callable[[], None], amounts: Sequence[int]
 ) -> None:
-    """Run ``replay`` (one graph launch of class ``cls``); then every counter is one step
-    past where it was before. A graph runs no Python, so the step is the engine's;
-    whatever the replay did to a counter (a simulated one re-runs the body) is
-    overwritten."""
+    """Run ``replay`` (one graph launch); then every counter is one step past where it
+    was before, by its amount for the replayed class (``amounts``, one per counter: the
+    engine resolves them once per class, ``HostCounter.amount``). A graph runs no Python,
+    so the step is the engine's; whatever the replay did to a counter (a simulated one
+    re-runs the body) is overwritten."""
     if not counters:  # the replay hot path of most callables
         replay()
         return
     before = [c.value() for c in counters]
     replay()
-    for counter, value in zip(counters, before):
-        counter.write(value + counter.amount(cls))
+    for counter, value, amount in zip(counters, before, amounts):
+        counter.write(value + amount)
