@@ -199,3 +199,21 @@ def test_a_pinned_site_changed_between_calls_misses_and_names_the_region(change)
     s = binding.stats()["callables"]["step"]
     assert s["hits"] == 1 and s["misses"] == {"write_through_pointer": 1}
     assert s["invalidations"] == 1 and "pad" in s["classes"][0]["detail"]
+
+
+def test_update_at_through_call_arguments():
+    """Item steps through plain containers (a call's arguments) are taken by indexing:
+    the leaf is replaced where it changed, left where it stayed (a tuple then needs no
+    assignment), and an absent path changes nothing."""
+    from duplexcadence.runtime.state.sites import update_at
+
+    t = torch.zeros(2)
+    args = {"cache": {"k": t, "v": (t, 1)}}
+    assert update_at(args, (("key", "cache"), ("key", "k")), lambda x: x + 1)
+    assert torch.equal(args["cache"]["k"], torch.ones(2)) and args["cache"]["k"] is not t
+    assert update_at(args, (("key", "cache"), ("key", "v"), ("index", 0)), lambda x: x)
+    with pytest.raises(SiteError, match="tuple cannot be assigned"):
+        update_at(args, (("key", "cache"), ("key", "v"), ("index", 0)), lambda x: x + 1)
+    assert not update_at(args, (("key", "cache"), ("key", "absent")), lambda x: 1 / 0)
+    assert not update_at(args, (("key", "cache"), ("key", "v"), ("index", 5)), lambda x: 1 / 0)
+    assert args["cache"]["v"][0] is t

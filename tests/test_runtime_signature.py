@@ -67,6 +67,8 @@ def test_structure_and_keyword_order():
     t = torch.zeros(2)
     assert sig(x=t, y=1) == signature_of((), {"y": 1, "x": t})
     assert sig({"b": 1, "a": t}) == sig({"a": t, "b": 1})
+    assert sig({2: t, "a": 1, 1: t}) == sig({"a": 1, 1: t, 2: t})  # int and str keys
+    assert sig({1: t, "a": 1}) != sig({"1": t, "a": 1})
     assert sig([t, 1]) != sig((t, 1))
     assert sig((t,), 1) != sig(t, 1)
     assert sig(t, y=1) != sig(t, 1)  # positional vs keyword

@@ -84,23 +84,24 @@ def signature_and_leaves(
     bad: list[str] = []
 
     def enc(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if x.layout is not torch.strided:
+        t = type(x)
+        if t is torch.Tensor or isinstance(x, torch.Tensor):
+            if x.layout is not _STRIDED:
                 bad.append(f"tensor layout {x.layout}")
                 return None
             dev = x.device
             leaves.append(x)
+            shape = tuple(x.shape)
             return (
                 "T",
-                tuple(x.shape),
-                _layout_stride(x),
-                str(x.dtype),
+                shape,
+                _layout_stride(shape, x.stride()),
+                _DTYPE_NAMES.get(x.dtype) or str(x.dtype),
                 dev.type,
                 -1 if dev.index is None else dev.index,
                 x.requires_grad,
                 x.data_ptr() % 16,
             )
-        t = type(x)
         if x is None:
             return ("None",)
         if t is bool or t is int or t is str:
@@ -116,11 +117,14 @@ def signature_and_leaves(
         if t is tuple or t is list:
             return (t.__name__, tuple(enc(i) for i in x))
         if t is dict:
-            if not all(type(k) in (str, int) for k in x):
+            if all(type(k) is str for k in x):  # the common case: no sort key to build
+                keys = sorted(x)
+            elif all(type(k) in (str, int) for k in x):
+                keys = sorted(x, key=lambda k: (type(k).__name__, k))
+            else:
                 bad.append("dict with non-str/int keys")
                 return None
-            items = sorted(x.items(), key=lambda kv: (type(kv[0]).__name__, kv[0]))
-            return ("dict", tuple((k, enc(v)) for k, v in items))
+            return ("dict", tuple([(k, enc(x[k])) for k in keys]))
         bad.append(f"{t.__module__}.{t.__qualname__}")
         return None
 
@@ -253,5 +257,22 @@ def describe_mismatch(captured: Iterable[tuple], live: tuple) -> str:
     return text + (f" (and {n - 1} more)" if n > 1 else "")
 
 
-def _layout_stride(x: torch.Tensor) -> tuple[int, ...]:
-    return tuple(0 if n <= 1 else st for n, st in zip(x.shape, x.stride()))
+def _layout_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    key = (shape, stride)
+    keyed = _LAYOUT_STRIDES.get(key)
+    if keyed is None:
+        if len(_LAYOUT_STRIDES) >= _LAYOUT_MEMO:
+            _LAYOUT_STRIDES.clear()
+        keyed = _LAYOUT_STRIDES[key] = tuple([0 if n <= 1 else s for n, s in zip(shape, stride)])
+    return keyed
+
+
+# (shape, stride) -> the keyed stride: a call's leaves repeat the same few layouts, and a
+# lookup costs a third of the comprehension (a replayed call keys 100+ cache tensors)
+_LAYOUT_STRIDES: dict[tuple, tuple[int, ...]] = {}
+_LAYOUT_MEMO = 4096
+
+
+_STRIDED = torch.strided
+# str(dtype) of every dtype torch names, looked up rather than formatted on each call
+_DTYPE_NAMES = {d: str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}

@@ -286,6 +286,8 @@ class Lane(LaneEngines):
         region = self.regions[a.region]
         if a.how == "slot" or not isinstance(t, torch.Tensor):
             return t  # a slot is read where the caller put it: admission pins its pointer
+        if session is None and a.how != "carry" and t is region.tensor:
+            return t  # the region's own tensor (every replayed call): admission checks it
         if session is not None:
             loaded = session.load_into(a.region, region, t)
             if loaded is not None:

@@ -43,6 +43,7 @@ class BoundObjects:
     def __init__(self, decl: CallableDecl, regions: dict[str, Region], model: Any) -> None:
         self.model = model
         self.objects = [(o, [(regions[name], at) for name, at in o.members]) for o in decl.objects]
+        self.names = [[name for name, _ in o.members] for o in decl.objects]  # unpack's keys
         # every call reads each object and its members at their model sites: through one
         # SiteReads each (the path rules checked once per chain of objects, not per read)
         self.reads = [
@@ -70,12 +71,12 @@ class BoundObjects:
         """Replace each model-held object in ``kwargs`` by its member tensors; the
         objects replaced, with their members (for ``rebind``)."""
         replaced = []
-        for (o, members), reads in zip(self.objects, self.reads):
+        for (o, members), reads, names in zip(self.objects, self.reads, self.names):
             obj = get_at(kwargs, o.steps)
             held, *values = reads.read()
             if obj is not held:
                 continue  # a foreign object: unkeyable, so eager (counted by the engine)
-            set_at(kwargs, o.steps, {region.name: v for (region, _), v in zip(members, values)})
+            set_at(kwargs, o.steps, dict(zip(names, values)))
             replaced.append((obj, members))
         return replaced
 

@@ -304,12 +304,45 @@ def update_at(container: Any, steps: tuple[Step, ...], fn) -> bool:
     Returns False, changing nothing, when the path is absent: the call then keeps
     its own convention and the replay's signature check decides what happens.
     """
+    parent = _plain_parent(container, steps)
+    if parent is None:  # a step leaves plain containers: every rule checked (get_at)
+        try:
+            leaf = get_at(container, steps)
+        except SiteError:
+            return False
+        set_at(container, steps, fn(leaf))
+        return True
+    key = steps[-1][1]
     try:
-        leaf = get_at(container, steps)
-    except SiteError:
+        leaf = parent[key]
+    except (KeyError, IndexError, TypeError):
         return False
-    set_at(container, steps, fn(leaf))
+    value = fn(leaf)
+    if value is not leaf:  # nothing to assign when the leaf stays (every replayed call)
+        set_at(container, steps, value)
     return True
+
+
+# the item steps of a call's arguments pass through these exact types only (a vendor's
+# object is unpacked into a dict of its members first): a path through them breaks no
+# rule of the module docstring, so it is taken by plain indexing, not step by step
+_PLAIN_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def _plain_parent(container: Any, steps: tuple[Step, ...]) -> Any:
+    """The container holding the leaf at ``steps`` when every step is an item step into
+    a dict, list or tuple; else None (``update_at`` then walks with ``get_at``)."""
+    cur = container
+    for i, (kind, value) in enumerate(steps):
+        if kind not in ("key", "index") or type(cur) not in _PLAIN_CONTAINERS:
+            return None
+        if i == len(steps) - 1:
+            return cur
+        try:
+            cur = cur[value]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return None
 
 
 def require_sites(obj: Any, sites: dict[str, tuple[Step, ...]]) -> None:
