@@ -21,7 +21,14 @@ from pydantic import BaseModel, ConfigDict
 from duplexcadence.compiler.batch_rules import stacked_extent_problem
 from duplexcadence.compiler.callable_rules import signature_variables
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
-from duplexcadence.compiler.extents import Progression, joint_states, joint_width, prod_capped
+from duplexcadence.compiler.counter_advance import Amounts
+from duplexcadence.compiler.extents import (
+    AmountSet,
+    Progression,
+    joint_states,
+    joint_width,
+    prod_capped,
+)
 from duplexcadence.compiler.validate import Checked, RegionNumbers
 from duplexcadence.dsl import ir
 from duplexcadence.dsl.diagnostics import Diagnostic, error
@@ -68,6 +75,10 @@ class RegionAnalysis(_Frozen):
     flush_extents: tuple[int, ...]  # extra extents one partial flush reaches (same limit)
     flush_count: int
     envelope: int | None
+    # `speculative S`: entries past the committed end a call may write (the envelope
+    # holds them: retained + S); speculative_bytes is what they add to demand_bytes
+    speculative: int = 0
+    speculative_bytes: int = 0
     catalog_width: int  # K_r = ceil(W/s) + 1 (1 when pinned; 1 + sums below W if stepped)
     demand_bytes: int
     stock_bytes: int | None
@@ -115,6 +126,9 @@ class CallableAnalysis(_Frozen):
     batch_rows: tuple[str, ...] = ()
     batch_blocks: tuple[int, ...] = ()  # sessions per call of each per-row op
     graphs: int = 0
+    # `commits R by AMOUNT`: (region, how far a call moves its committed end: a stepped
+    # clock's amounts `1..9`, one amount, or each configuration value's `w=1:1,...`)
+    commits: tuple[tuple[str, str], ...] = ()
 
     def rows_shown(self) -> str:
         """The per-row ops as written: `aten.mean.dim, aten.mm.default by 8` (or -)."""
@@ -186,6 +200,9 @@ def analyse_region(r: ir.Region, n: RegionNumbers, widest: int | None = None) ->
         flush_extents=(p.flush_values(n.flush, LIST_LIMIT) or ()) if p else (),
         flush_count=p.flush_count(n.flush) if p else 0,
         envelope=n.envelope,
+        speculative=n.speculative,
+        # one entry along the extent axis is the other dims' product
+        speculative_bytes=n.speculative * math.prod(d for d in n.dims if d is not None) * bytes_per,
         catalog_width=p.count if p else 1,
         demand_bytes=demand,
         stock_bytes=stock,
@@ -369,7 +386,21 @@ def analyse_callable(
         batch_rows=k.batch.rows if k.batch is not None else (),
         batch_blocks=k.batch.row_blocks() if k.batch is not None else (),
         graphs=graphs,
+        commits=tuple(
+            (c.region, _commit_shown(checked.commit_amounts[(k.name, c.region)]))
+            for c in k.commits
+            if (k.name, c.region) in checked.commit_amounts
+        ),
     )
+
+
+def _commit_shown(amounts: Amounts | AmountSet) -> str:
+    """A commit's amounts as `clockc check` shows them (``Checked.commit_amounts``)."""
+    if isinstance(amounts, AmountSet):
+        return amounts.shown()
+    if amounts.by is None:
+        return str(amounts.constant)
+    return ",".join(f"{amounts.by}={v}:{a}" for v, a in amounts.per_value)
 
 
 def _configurations(k: ir.Callable, checked: Checked, names, q, problems: list[Diagnostic]):

@@ -1,4 +1,6 @@
-"""How far a host counter advances per call (`counter PATH advances EXPR from N`).
+"""How far a host counter advances per call (`counter PATH advances EXPR from N`), and a
+speculative region's committed end (`commits R by EXPR`, commit_rules.py): an amount per
+class.
 
 `advances 1` is an amount. `advances w` (or `advances w + 1`, `2 * w`, over consts too)
 names one configuration variable of the callable: a verify call of width w moves a
@@ -53,36 +55,60 @@ def amounts(
 ) -> Amounts:
     """The counter's amounts (``signature``: the configuration variables the call's
     signature shows); raises ``AdvanceError`` or ``EvalError``."""
+    got = amounts_of(counter.advances, k, consts, signature, verb="advances", code="CLK049")
+    if got.by is not None and counter.tracks is not None:
+        raise AdvanceError(
+            f"advances by '{got.by}' and tracks a region: a tracked counter's amount is one"
+        )
+    return got
+
+
+def amounts_of(
+    e: ir.Expr,
+    k: ir.Callable,
+    consts: Mapping[str, Value],
+    signature: set[str],
+    *,
+    verb: str,
+    code: str,
+    clocks: frozenset[str] = frozenset(),
+) -> Amounts:
+    """The amounts of ``e``, a plain integer or an expression over one configuration
+    variable of ``k`` that the signature shows (messages: "``verb`` by ...", ``code``)."""
     from duplexcadence.compiler.callable_rules import names_in
 
-    variables = sorted(names_in(counter.advances) - set(consts))
+    variables = sorted(names_in(e) - set(consts) - clocks)
     if not variables:
-        return Amounts(None, constant=_amount(counter.advances, consts, {}))
+        return Amounts(None, constant=_amount(e, consts, {}, verb, code, clocks))
     for name in variables:
         if not config_values(k, name):
-            raise AdvanceError(f"advances by '{name}', which is no config variable of the callable")
+            raise AdvanceError(f"{verb} by '{name}', which is no config variable of the callable")
     if len(variables) > 1:
-        raise AdvanceError(f"advances by {', '.join(variables)}: at most one config variable")
+        raise AdvanceError(f"{verb} by {', '.join(variables)}: at most one config variable")
     (by,) = variables
     values = config_values(k, by)
     if by not in signature:
         raise AdvanceError(
-            f"advances by config variable '{by}', which no argument shows: its configurations "
+            f"{verb} by config variable '{by}', which no argument shows: its configurations "
             "share graphs, and a graph cannot tell their amounts apart"
         )
-    if counter.tracks is not None:
-        raise AdvanceError(
-            f"advances by '{by}' and tracks a region: a tracked counter's amount is one"
-        )
     if any(not isinstance(v, int) or isinstance(v, bool) for v in values):
-        raise AdvanceError(f"advances by '{by}', whose values are not all integers")
+        raise AdvanceError(f"{verb} by '{by}', whose values are not all integers")
     return Amounts(
-        by, per_value=tuple((v, _amount(counter.advances, consts, {by: v})) for v in values)
+        by, per_value=tuple((v, _amount(e, consts, {by: v}, verb, code, clocks)) for v in values)
     )
 
 
-def _amount(e: ir.Expr, consts: Mapping[str, Value], names: Mapping[str, int]) -> int:
-    v = evaluate(e, consts, names={n: Value(x, None) for n, x in names.items()})
+def _amount(
+    e: ir.Expr,
+    consts: Mapping[str, Value],
+    names: Mapping[str, int],
+    verb: str,
+    code: str,
+    clocks: frozenset[str],
+) -> int:
+    v = evaluate(e, consts, clocks=clocks, names={n: Value(x, None) for n, x in names.items()})
     if v.unit is not None:
-        raise EvalError("CLK049", f"a counter advances by a plain integer, not {v.show()}", e.span)
+        what = "a plain integer" if verb == "advances" else "a plain integer or a stepped clock"
+        raise EvalError(code, f"a callable {verb} by {what}, not {v.show()}", e.span)
     return v.value

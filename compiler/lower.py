@@ -356,6 +356,7 @@ def lower_regions(
                 stock_mib=f"{a.stock_bytes / 2**20:.2f}" if a.stock_bytes else None,
                 rho=a.rho,
                 attended=tuple(a.attended),
+                speculative=a.speculative,
             )
         )
     return tuple(common.items()), tuple(rows)

@@ -198,6 +198,7 @@ class RegionRow:
     stock_mib: str | None
     rho: float
     attended: tuple[int, ...]
+    speculative: int = 0  # entries past the committed end the envelope also holds
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class RegionNumbers:
     # `attended ... by CLOCK` on a stepped clock: the amounts the extent grows by per
     # call (`stride` is then the smallest)
     steps: AmountSet | None = None
+    # `speculative S`: entries a call may write past the committed end (a ring's retained
+    # extent is then its capacity less S; every envelope holds the retained extent + S)
+    speculative: int = 0
 
 
 class RegionRules:
@@ -80,14 +83,16 @@ class RegionRules:
                 "with no retention policy or envelope",
                 spans.get("dims", r.span),
             )
-
+        speculative, bound = self._speculative(r, axis, retention, bound, in_axis_unit)
         start = stride = steps = None
         flush: tuple[int, ...] = ()
-        if r.attended is not None and (r.retention is None or retention is not None):
-            # (a retention that failed was reported; what depends on it says nothing)
+        # a retention or speculative extent that failed was reported: nothing more here
+        failed = retention is None and r.retention is not None or speculative is None
+        if r.attended is not None and not failed:
             start, stride, flush, steps = self._attended(
-                r, r.attended, retention, bound, in_axis_unit, axis_clock
+                r, r.attended, retention, bound, in_axis_unit, axis_clock, speculative
             )
+        speculative = speculative or 0
         if r.clock is not None and r.clock not in self.clocks:
             self.err(
                 "CLK011",
@@ -108,10 +113,48 @@ class RegionRules:
             start=start if start is not None else bound,
             stride=stride or 0,
             flush=flush,
-            envelope=bound,
+            envelope=None if bound is None else bound + speculative,
             stock=stock,
             steps=steps,
+            speculative=speculative,
         )
+
+    def _speculative(self, r: ir.Region, axis, retention, bound, in_axis_unit):
+        """(`speculative S`: S, 0 when none is declared, None when it was reported (CLK052,
+        CLK012: what depends on it says nothing more); the retained extent, which for a
+        `ring(N)` is the N - S committed entries it keeps)."""
+        value = self._speculative_extent(r, axis, retention, in_axis_unit)
+        if value and retention is not None and retention[0] == "ring":
+            bound = retention[1][0] - value
+        return value, bound
+
+    def _speculative_extent(self, r: ir.Region, axis, retention, in_axis_unit) -> int | None:
+        if r.speculative is None:
+            return 0
+        span = r.speculative.span
+        if axis is None:
+            self.err(
+                "CLK052",
+                f"region '{r.name}' declares speculative entries but has no clock-extent axis "
+                "(they lie past the committed end of it)",
+                span,
+            )
+            return None
+        value = in_axis_unit(r.speculative, "speculative extent")
+        if value is None:
+            return None
+        if value < 1:
+            self.err("CLK052", f"speculative extent of region '{r.name}' must be positive", span)
+            return None
+        if retention is not None and retention[0] == "ring" and value >= retention[1][0]:
+            self.err(
+                "CLK052",
+                f"ring({retention[1][0]}) of region '{r.name}' cannot hold {value} speculative "
+                "entries and a committed one",
+                span,
+            )
+            return None
+        return value
 
     def _dims(self, r: ir.Region) -> tuple[list[int | None], int | None, str | None]:
         """(dims with None on the clock-extent axis, that axis, its clock)."""
@@ -190,7 +233,9 @@ class RegionRules:
             return None
         return (kind, tuple(params))
 
-    def _attended(self, r: ir.Region, a: ir.Attended, retention, bound, in_axis_unit, axis_clock):
+    def _attended(
+        self, r: ir.Region, a: ir.Attended, retention, bound, in_axis_unit, axis_clock, spec
+    ):
         if retention is None:
             self.err(
                 "CLK020",
@@ -226,7 +271,17 @@ class RegionRules:
             )
         if a.until is not None:
             until = in_axis_unit(a.until, "attended limit")
-            if until is not None and until != bound:
+            if until is not None and until > bound and spec and retention[0] == "ring":
+                capacity = retention[1][0]
+                self.err(
+                    "CLK052",
+                    f"region '{r.name}' attends {until} entries of a ring({capacity}) that a "
+                    f"call writes up to {spec} speculative entries into: they overwrite the "
+                    f"oldest entries its first queries still read; lossless only with a "
+                    f"ring of at least {until + spec} (or attending {bound})",
+                    a.until.span,
+                )
+            elif until is not None and until != bound:
                 self.err(
                     "CLK022",
                     f"attended limit {until} of region '{r.name}' disagrees with its "
@@ -342,11 +397,12 @@ class RegionRules:
             )
         elif v.value <= 0:
             code, message = "CLK015", f"envelope of region '{r.name}' must be positive"
-        elif numbers.bound is not None and v.value < numbers.bound:
+        elif numbers.bound is not None and v.value < numbers.bound + numbers.speculative:
             code, message = (
                 "CLK023",
                 f"envelope {v.value} of region '{r.name}' is smaller than its retained extent "
-                f"{numbers.bound}",
+                f"{numbers.bound}"
+                + (f" and {numbers.speculative} speculative" if numbers.speculative else ""),
             )
         if message is not None:
             self.err(code, message, r.envelope.span)

@@ -19,6 +19,8 @@ legend:
   attended   the attended extents A-, A- + s, ..., A (what consumers read; fixes signatures)
   K          attended extents of a region, ceil(W / s) + 1 (1 when the extent never moves;
              stepped: 1 + the sums of amounts below W, counted in closed form)
+  +S spec    speculative: a call may write S entries past the committed end (cut
+             back by moving it); the envelope holds them
   rho        over-reservation: stock bytes / demand bytes
   |Q|        distinct signatures over the callable's configurations (flags, lengths, slots)
   bound      |Q| * product of K over its regions (Criterion 3.5)
@@ -71,7 +73,7 @@ def analysis_tables(a: Analysis, *, width: int = 120) -> str:
         regions.add_row(
             r.name,
             "x".join(map(str, r.shape)),
-            r.retention or "-",
+            (r.retention or "-") + (f" +{r.speculative} spec" if r.speculative else ""),
             r.steps or str(r.stride),
             str(r.window),
             attended or "-",

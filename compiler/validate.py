@@ -18,6 +18,7 @@ from typing import Mapping
 
 from duplexcadence.compiler.batch_rules import BatchRules
 from duplexcadence.compiler.callable_rules import CallableRules
+from duplexcadence.compiler.commit_rules import CommitRules
 from duplexcadence.compiler.counter_advance import Amounts
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.extents import APERY_LIMIT, AmountSet
@@ -64,9 +65,12 @@ class Checked:
     params: dict[str, int] = field(default_factory=dict)
     # (callable, counter index) -> what the counter advances by (counter_advance.py)
     counter_amounts: dict[tuple[str, int], Amounts] = field(default_factory=dict)
+    # (callable, region) -> how far a call moves the region's committed end: a stepped
+    # clock's amounts, or one per class (commit_rules.py)
+    commit_amounts: dict[tuple[str, str], Amounts | AmountSet] = field(default_factory=dict)
 
 
-class _Validator(RegionRules, CallableRules, BatchRules):
+class _Validator(RegionRules, CallableRules, CommitRules, BatchRules):
     def __init__(self, contract: ir.Contract, params: Mapping[str, int] | None = None):
         self.c = contract
         self.diags: list[Diagnostic] = []
@@ -126,6 +130,7 @@ class _Validator(RegionRules, CallableRules, BatchRules):
             self.check_slot(region)
         for callable_ in self.c.callables:
             self.check_callable(callable_)
+            self.check_commits(callable_)
             self.check_batch(callable_)
         self.check_lockstep()
         for constant in self.c.constants:

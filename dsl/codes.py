@@ -286,6 +286,18 @@ _CODES = [
         "Two declarations are bound at one site, or a site lies inside another bound site (bind() never resolves through a tensor, a callable or a counter); or two folds name one module, or one inside the other, or a fold's site lies at or inside a bound site.",
     ),
     Code(
+        "CLK052",
+        "error",
+        "bad speculative region",
+        "`speculative S` says a call may write S entries past a region's committed end (a verifier's drafted tokens, a wake's masked frames) that the commit cuts back by moving the end, never by a copy: S is a positive extent in the region's clock-extent axis units; the envelope holds the retained extent and S; a `ring(N)` keeps N - S committed entries, and a region that attends more of its ring than that is refused (a speculative write overwrites the oldest entries the call's first queries still read: lossless only with a ring of at least the attended extent + S).",
+    ),
+    Code(
+        "CLK053",
+        "error",
+        "bad commit",
+        "`commits R by AMOUNT` says how far a call moves region R's committed end: by a stepped clock's amount (only the data decides which: a verifier's accepted count + 1) or by an expression over one configuration variable (each class its own amount, at least 1); R is a `speculative` region the callable passes, writes or retains, committed once per callable.",
+    ),
+    Code(
         "CLK055",
         "error",
         "bad identity key",

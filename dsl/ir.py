@@ -155,6 +155,10 @@ class Region(Node):
     retention: Retention | None = None
     attended: Attended | None = None
     envelope: Expr | None = None
+    # `speculative S`: a call may write S entries past the committed end of the extent
+    # axis (a verifier's drafted tokens, a wake's masked frames) that the commit then
+    # cuts back by moving the end, never by a copy; the envelope holds them too
+    speculative: Expr | None = None
     stock: tuple[Expr, ...] | None = None
     # pinned: the stock code rebinds the attribute at `site` on every call; bind()
     # keeps one tensor there and the callables that write it copy each new value in
@@ -248,6 +252,16 @@ class HostCounter(Node):
     tracks: str | None = None
 
 
+class Commit(Node):
+    """`commits kv by commit`: of the entries a call writes to region `kv`, the committed
+    end advances by `amount` (a stepped clock's amount, which only the data decides, or an
+    expression over one configuration variable); the rest are speculative (`speculative`
+    on the region) and the next call overwrites them."""
+
+    region: str
+    amount: Expr
+
+
 class HostGuard(Node):
     """`guard cache.is_updated[0] == true`: a host value at a site that picks the stock
     body's path (a flag the first call sets), which no argument shows: every class is
@@ -309,6 +323,7 @@ class Callable(Node):
     admit: tuple[Condition, ...] = ()
     counters: tuple[HostCounter, ...] = ()
     guards: tuple[HostGuard, ...] = ()
+    commits: tuple[Commit, ...] = ()
     ambient: tuple[Ambient, ...] = ()
     effects: Literal["none", "device_rng", "host_rng"] = "none"
     mode: Literal["replay", "eager"] = "replay"

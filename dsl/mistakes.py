@@ -25,6 +25,7 @@ _REGION_KEYWORDS = [
     "mutability",
     "retention",
     "envelope",
+    "speculative",
     "stock",
     "address",
     "allocate",

@@ -196,6 +196,7 @@ class _ToIR(Transformer):
     prop_mutability = _prop("mutability")
     prop_retention = _prop("retention")
     prop_envelope = _prop("envelope")
+    prop_speculative = _prop("speculative")
     prop_stock = _prop("stock")
     prop_address = _prop("address")
     prop_allocate = _prop("allocate")
@@ -330,6 +331,10 @@ class _ToIR(Transformer):
         node = ir.HostGuard(site=c[0], op=str(c[1]), value=c[2], span=meta_span(meta))
         return _Prop("guards", node, meta_span(meta))
 
+    def prop_commits(self, meta, c):
+        node = ir.Commit(region=str(c[0]), amount=c[1], span=meta_span(meta))
+        return _Prop("commits", node, meta_span(meta))
+
     def counter_staged(self, meta, c):
         return ("staged", True)
 
@@ -368,7 +373,7 @@ class _ToIR(Transformer):
         return _Prop("admit", tuple(c), meta_span(meta))
 
     # ---- blocks
-    _REPEATED = {"args", "retains", "configs", "counters", "guards", "ambient"}
+    _REPEATED = {"args", "retains", "configs", "counters", "guards", "commits", "ambient"}
     _LISTS = {"aliased", "writes"}
 
     def _fold(self, kind: str, name_tok: Token, props: list[_Prop]) -> dict:

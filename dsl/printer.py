@@ -68,6 +68,8 @@ def _region(r: ir.Region) -> list[str]:
         out.append(line)
     if r.envelope is not None:
         out.append(f"  envelope {expr(r.envelope)}")
+    if r.speculative is not None:
+        out.append(f"  speculative {expr(r.speculative)}")
     if r.stock is not None:
         out.append(f"  stock {dims(r.stock)}")
     out.append(f"  address {r.address}")
@@ -124,6 +126,8 @@ def _callable(k: ir.Callable) -> list[str]:
         out.append(f"  counter {path(n.site)} advances {expr(n.advances)} from {n.start}{flags}")
     for g in k.guards:
         out.append(f"  guard {path(g.site)} {g.op} {literal(g.value)}")
+    for c in k.commits:
+        out.append(f"  commits {c.region} by {expr(c.amount)}")
     for a in k.ambient:
         out.append(f"  ambient {a.axis} in {{{', '.join(a.values)}}}")
     if k.admit:

@@ -458,3 +458,77 @@ callable step {
     even = check_source(source.replace("1..9", "2..3"), "verify.clock").analysis
     assert even.regions[0].catalog_width == 448 and even.regions[0].steps == "2..3"
     assert 1 not in even.regions[0].attended
+
+
+SPECULATIVE_RING = """contract wake
+clock frame = 1 per call
+region kv {{
+  dtype bfloat16
+  dims [2, frame, 64]
+  retention ring({capacity} frame)
+  attended from 0 frame by 1 frame until {attended} frame
+  speculative {slack} frame
+}}
+"""
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(2, 5000),
+    slack=st.integers(1, 64),
+    attended=st.integers(1, 5064),
+)
+def test_a_speculative_ring_holds_what_it_attends_and_its_slack(capacity, slack, attended):
+    """A ring of N written up to S entries past its committed end keeps N - S committed
+    ones: attending more is refused (CLK052: the speculative write wraps onto entries the
+    first queries read), less is the usual disagreement with the retention (CLK022)."""
+    text = SPECULATIVE_RING.format(capacity=capacity, slack=slack, attended=attended)
+    result = check_source(text, "wake.clock")
+    codes = {d.code for d in result.diagnostics if d.severity.name == "ERROR"}
+    if slack >= capacity:
+        assert codes == {"CLK052"}
+    elif attended + slack > capacity:
+        assert codes == {"CLK052"}
+    elif attended + slack < capacity:
+        assert codes == {"CLK022"}
+    else:
+        assert result.ok, result.diagnostics
+        (r,) = result.analysis.regions
+        assert (r.bound, r.envelope, r.speculative) == (attended, capacity, slack)
+        assert r.shape == (2, capacity, 64)
+        assert r.speculative_bytes == slack * 2 * 64 * 2  # bfloat16 entries of [2, ., 64]
+
+
+def test_a_speculative_window_is_allocated_with_its_slack_and_commits_are_reported():
+    source = """contract verify
+clock round = 1 per call
+clock commit = 1..9 per round
+region kv {
+  dtype float32
+  dims [2, commit, 64]
+  retention window(448 commit)
+  attended from 0 commit by commit
+  speculative 8 commit
+}
+region wake_kv { dtype float32  dims [1, commit, 4]  retention window(8 commit)  speculative 3 commit }
+callable step {
+  site model.decoder
+  per round
+  arg tokens: int64 [1, w]
+  arg kv: region kv
+  config w in {1, 2, 3, 4, 5, 6, 7, 8, 9}
+  commits kv by commit
+  commits wake_kv by w - 1 + 1
+  mode eager
+}
+"""
+    result = check_source(source, "verify.clock")
+    assert result.ok, result.diagnostics
+    kv, wake = result.analysis.regions
+    assert (kv.bound, kv.envelope, kv.shape) == (448, 456, (2, 456, 64))
+    assert kv.demand_bytes == 2 * 456 * 64 * 4 and kv.speculative_bytes == 2 * 8 * 64 * 4
+    (k,) = result.analysis.callables
+    widths = ",".join(f"w={w}:{w}" for w in range(1, 10))
+    assert k.commits == (("kv", "1..9"), ("wake_kv", widths))
+    unlisted = check_source(source.replace("  speculative 8 commit\n", ""), "v.clock")
+    assert {d.code for d in unlisted.diagnostics} >= {"CLK053"}
