@@ -20,6 +20,11 @@ its time is the request's latency from arrival). The cells:
 * ``as2d`` / ``as2d_graphed``     decoupled (AS2D), eager / both graphed
   (contracts/whisper_drafter.clock for the drafter).
 
+``--budget-policy cost`` makes the decoupled cells verify, each round, the number of
+ready candidates with the most expected tokens per millisecond (``whisper_as2d.Budget``),
+on a table of the cell's own target call times per width measured at set-up (recorded
+as ``call_ms_by_width``); ``fixed`` (default) verifies all of them up to ``--budget``.
+
 Two exactness tiers. Tier 2, every cell: a request's tokens equal the target's greedy
 ones (the harness compares each step's hash with ``stock``'s; ``target_greedy_match_rate``
 counts the requests that match). Tier 1, the graphed cells: after the measured phases one
@@ -86,6 +91,13 @@ FLAGS = {
     ),
     "--epsilon": dict(type=float, default=0.22, help="oracle corruption rate (0.22: ~3 of 8)"),
     "--budget": dict(type=int, default=8, help="candidates verified per round at most (B)"),
+    "--budget-policy": dict(
+        choices=("fixed", "cost"),
+        default="fixed",
+        help="how many ready candidates AS2D verifies: all up to --budget (the paper's), or "
+        "the number with the most expected tokens per ms at the bound target's measured "
+        "call cost per width (whisper_as2d.Budget)",
+    ),
     "--dtype": dict(
         choices=("float32", "bfloat16"),
         default="float32",
@@ -97,7 +109,15 @@ FLAGS = {
         "CPU smoke run's, their contracts compiled with their widths)",
     ),
 }
-MEASURE = ("tokens_per_request", "source", "epsilon", "budget", "dtype", "shapes")
+MEASURE = (
+    "tokens_per_request",
+    "source",
+    "epsilon",
+    "budget",
+    "budget_policy",
+    "dtype",
+    "shapes",
+)
 
 
 class As2dRun:
@@ -112,13 +132,14 @@ class As2dRun:
             raise RuntimeError(reason)
         self.W, self.A, self.ctx, self.cell, self.args = W, A, ctx, ctx.cell, ctx.args
         self.binding = self.drafter_binding = None
+        self.cost_ms: dict[int, float] | None = None  # the cost rule's table (setup)
         self.requests: list[dict] = []
         ctx.result["vendor_version"] = W.installed_version()
 
     def _arm(self, target: Any, drafter: Any) -> Any:
         a = self.args
         loop = "alone" if self.cell.loop == "hf" else self.cell.loop
-        return self.A.Arm(loop, target, drafter, a.source, a.epsilon, a.budget)
+        return self.A.Arm(loop, target, drafter, a.source, a.epsilon, a.budget, self.cost_ms)
 
     def build(self) -> None:
         import torch
@@ -150,8 +171,16 @@ class As2dRun:
         self.arm = self._arm(self.target, self.drafter)
 
     def setup(self) -> Any:
-        if not self.cell.bind:
-            return None
+        if self.cell.bind:
+            self.bind()
+        if self.cell.loop == "decoupled" and self.args.budget_policy == "cost":
+            # the cost rule's table: this cell's own target calls (graphed or eager)
+            self.ctx.result["call_ms_by_width"] = timed = self.call_ms_by_width()
+            self.cost_ms = {int(w): ms for w, ms in timed["target"].items()}
+            self.arm = self._arm(self.target, self.drafter)
+        return self.binding
+
+    def bind(self) -> None:
         W, device = self.W, self.ctx.device
         # on the CPU (a smoke run) the graphs' policy runs on the simulate backend
         backend = "simulate" if device.type == "cpu" else None
@@ -163,7 +192,6 @@ class As2dRun:
         if self.drafter is not None:
             self.drafter_binding = bind(self.drafter, self.shapes[1])
             self.drafter_binding.capture(progress=False)
-        return self.binding
 
     def step(self) -> dict:
         import torch
@@ -192,7 +220,8 @@ class As2dRun:
                 result[key] = result[key] + [f"drafter.{s}" for s in drafter[key]]
             result["catalog_met"] = result["catalog_met"] and drafter["catalog_met"]
         result["replay_equals_eager"] = self.replay_equals_eager()
-        result["call_ms_by_width"] = self.call_ms_by_width()
+        if "call_ms_by_width" not in result:
+            result["call_ms_by_width"] = self.call_ms_by_width()
 
     def call_ms_by_width(self) -> dict:
         """A bound decoder call's wall time at each width 1..budget + 1 (the target's, and
@@ -357,7 +386,8 @@ def describe(doc: dict) -> list[str]:
     """The report's headline lines."""
     lines = [
         f"- source {doc['settings'].get('source')}, epsilon {doc['settings'].get('epsilon')}, "
-        f"budget {doc['settings'].get('budget')}, "
+        f"budget {doc['settings'].get('budget')} "
+        f"({doc['settings'].get('budget_policy', 'fixed')}), "
         f"{doc['settings'].get('tokens_per_request')} tokens a request",
         f"- {GRAPHED} vs target alone graphed (tokens/s after prefill): "
         f"{_fmt(doc.get('speedup_vs_target_only_graphed'))}x; requests slower: "

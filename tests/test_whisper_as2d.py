@@ -98,3 +98,36 @@ def test_a_bfloat16_decoupled_run_equals_its_eager_replay():
     assert all(x.dtype == torch.bfloat16 and torch.equal(x, y) for x, y in pairs)
     for binding in bindings:
         assert binding.stats()["callables"]["decode"]["hits"] > 0
+
+
+def test_the_cost_rule_verifies_what_pays_and_replays_its_decisions():
+    """``Budget``'s cost rule: a drafter that never agrees is soon not verified at all
+    (its candidates are still compared with what the target commits), a perfect one is
+    verified in full, a cost table with a cheap width 5 is used at it; the tokens are the
+    target's greedy ones whatever the rule, and a replay on the schedule decides alike."""
+    from bench.workloads import whisper_as2d as A
+
+    target, drafter = (W.new_state(m) for m in models())
+    greedy = A.trajectory(target, SEED, N)
+    flat = {w: 1.0 + 0.1 * w for w in range(1, 10)}
+    dip = {**flat, 5: 1.1}  # width 5 nearly as cheap as a greedy step
+
+    def run(source, eps, cost, schedule=None, states=(target, drafter)):
+        arm = A.Arm("decoupled", *states, source, eps, cost_ms=cost)
+        return arm.run(SEED, N, oracle=greedy, schedule=schedule)
+
+    never = run("drafter", 0.0, flat, schedule=[N] * N)
+    assert never.tokens == greedy
+    assert never.widths[-10:] == [1] * 10  # acceptance ~ 0: a greedy step each round
+    perfect = run("oracle", 0.0, flat, schedule=[N] * N)  # every candidate ready
+    assert perfect.tokens == greedy and max(perfect.widths) == 9
+    assert sum(perfect.accepted) == N - 1 - len(perfect.widths)
+    dipped = run("oracle", 0.3, dip, schedule=[N] * N)
+    assert dipped.tokens == greedy and dipped.widths.count(5) > len(dipped.widths) // 2
+    fixed = A.Arm("decoupled", target, drafter, "oracle", 0.3).run(SEED, N, greedy, [N] * N)
+    assert set(fixed.widths) != set(dipped.widths)
+    live = run("oracle", 0.22, dip)
+    fresh = tuple(W.new_state(m) for m in models())
+    replay = run("oracle", 0.22, dip, schedule=live.schedule, states=fresh)
+    for field in ("tokens", "schedule", "widths", "accepted"):
+        assert getattr(live, field) == getattr(replay, field), field

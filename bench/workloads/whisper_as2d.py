@@ -28,6 +28,17 @@ replays a recorded run without a thread: the exactness check runs a live graphed
 and its eager replay on the same schedule and compares every byte (tokens, accepted
 counts, the drafter's published tokens, both caches at the committed positions).
 
+How many ready candidates a round verifies (``Budget``): ``fixed``, all of them up to
+``budget`` (the paper's rule); ``cost``, the number k that maximises the expected
+committed tokens per millisecond, (1 + a + ... + a^k) / cost_ms[k + 1], with ``cost_ms``
+the bound target's measured call time at each width and ``a`` the per-candidate
+acceptance rate estimated from the request's rounds so far. A verify call's cost is not
+monotone in its width (cuBLAS picks a kernel per shape), and a drafter that never agrees
+should not be verified at all. The decoupled verifier observes acceptance even in a
+round that verifies nothing: the candidate at the cursor is compared with the token the
+target committed there. Decisions depend on the data only (acceptance, readiness), so a
+replay on the recorded schedule makes the same ones.
+
 Candidate sources (``Source``): with random weights a drafter almost never agrees with
 the target, so what the drafter publishes at index j is chosen by the run while the
 drafter's forwards (the cost) always run: ``"drafter"`` its own argmax (acceptance ~ 0);
@@ -164,6 +175,49 @@ class Producer:
             raise self.error
 
 
+class Budget:
+    """How many of ``available`` ready candidates a round verifies (module docstring).
+    ``cost_ms``: width -> a call's milliseconds (``None``: the fixed rule). The acceptance
+    rate is a geometric model's estimate from decayed counts of candidates compared
+    (``observe``): matches over comparisons, each run of matches ending at its first
+    mismatch; a prior of one match in two comparisons starts it."""
+
+    DECAY = 0.9  # per round: the estimate follows a request whose acceptance changes
+
+    def __init__(self, budget: int, cost_ms: dict[int, float] | None = None) -> None:
+        self.budget, self.cost_ms = budget, cost_ms
+        self.matches, self.compared = 1.0, 2.0
+
+    @property
+    def rate(self) -> float:
+        return self.matches / self.compared
+
+    def choose(self, available: int) -> int:
+        k_max = min(available, self.budget)
+        if self.cost_ms is None:
+            return k_max
+        a, best, best_k, expected = self.rate, 0.0, 0, 1.0
+        for k in range(k_max + 1):
+            if k:
+                expected += a**k
+            value = expected / self.cost_ms[k + 1]
+            if value > best:
+                best, best_k = value, k
+        return best_k
+
+    def observe(self, candidates: list[int], committed: list[int]) -> None:
+        """``candidates`` (verified or not) against the tokens the target committed at
+        their positions: the leading matches, and the mismatch that ends them if seen."""
+        n = min(len(candidates), len(committed))
+        if not n:
+            return
+        matches = 0
+        while matches < n and candidates[matches] == committed[matches]:
+            matches += 1
+        self.matches = self.DECAY * self.matches + matches
+        self.compared = self.DECAY * self.compared + matches + (matches < n)
+
+
 @dataclass
 class Transcript:
     """One request: the committed ``tokens``, and per round (ready entries, width,
@@ -215,9 +269,10 @@ class Decoupled:
     cursor's alignment after each round. ``schedule``: the ready counts of a recorded
     run, replayed instead of the channel's live readiness."""
 
-    def __init__(self, channel: Channel, budget: int, schedule: list[int] | None = None):
+    def __init__(self, channel: Channel, budget: Budget, schedule: list[int] | None = None) -> None:
         self.channel, self.budget, self.schedule = channel, budget, schedule
         self.cursor = self.ready = self.rounds = 0
+        self.available: list[int] = []  # this round's ready candidates, verified or not
 
     def candidates(self, committed: list[int], room: int) -> list[int]:
         if self.schedule is None:
@@ -225,10 +280,13 @@ class Decoupled:
         else:
             self.ready = self.schedule[self.rounds]
         self.rounds += 1
-        k = max(0, min(room, self.budget, self.ready - self.cursor))
-        return self.channel.tokens(self.cursor, self.cursor + k)
+        n = max(0, min(room, self.budget.budget, self.ready - self.cursor))
+        self.available = self.channel.tokens(self.cursor, self.cursor + n)
+        return self.available[: self.budget.choose(n)]
 
     def observe(self, new: list[int]) -> None:
+        self.budget.observe(self.available, new)
+        self.available = []
         # positional alignment: the drafter's index j is the target's (both decode from
         # the same prompt), so the cursor moves with every committed token; a drafted
         # token the target rejected is a substitution. The paper also re-anchors by
@@ -294,6 +352,7 @@ class Arm:
     source: str = "drafter"
     epsilon: float = 0.0
     budget: int = 8
+    cost_ms: dict[int, float] | None = None  # decoupled: Budget's cost rule (else fixed)
 
     def run(
         self,
@@ -319,7 +378,8 @@ class Arm:
         else:
             producer.start(n, device)
         try:
-            out = decode_request(request, n, Decoupled(channel, self.budget, schedule), self.budget)
+            verifier = Decoupled(channel, Budget(self.budget, self.cost_ms), schedule)
+            out = decode_request(request, n, verifier, self.budget)
         finally:
             producer.join()
         out.published = channel.tokens(0, channel.ready())
