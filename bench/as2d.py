@@ -290,13 +290,22 @@ def request_record(seed: int, t: Any) -> dict:
     prefill, rounds, the histogram of widths and of accepted counts (rounds that verified
     at least one candidate)."""
     hist = lambda xs: {str(k): xs.count(k) for k in sorted(set(xs))}  # noqa: E731
-    return {
+    record = {
         "seed": seed,
         "decode_s": t.decode_s,
         "rounds": len(t.widths),
         "accepted": hist([a for a, w in zip(t.accepted, t.widths) if w > 1]),
         "widths": hist(t.widths),
     }
+    if any(t.schedule):  # decoupled: how far the drafter's published entries led the cursor
+        cursor, lead = 1, []
+        for ready, a in zip(t.schedule, t.accepted):
+            lead.append(ready - cursor)
+            cursor += a + 1
+        record["rounds_none_ready"] = sum(x <= 0 for x in lead)
+        record["first_round_with_candidates"] = next((i for i, x in enumerate(lead) if x > 0), None)
+        record["lead_mean"] = sum(lead) / len(lead)
+    return record
 
 
 def _ok(doc: dict, cell: str) -> list[dict]:

@@ -321,6 +321,10 @@ def decode_request(request: Any, n: int, proposer: Any, budget: int = 8) -> Tran
         if drafts:
             tokens = torch.cat([last, torch.tensor([drafts], device=last.device)], dim=1)
         target = request.decode(tokens, position)[0].argmax(-1)  # [w]
+        if target.is_cuda:  # wait with the GIL released: the producer thread drafts meanwhile
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
         got = target.tolist()
         a = 0
         while a < len(drafts) and drafts[a] == got[a]:
