@@ -153,7 +153,12 @@ class Producer:
             pending.append(token)
 
     def start(self, limit: int, device: torch.device) -> None:
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # a high-priority stream: the drafter's small kernels are dispatched before the
+        # verifier's queued ones. On the H100 in float32 the drafter fell behind (half the
+        # rounds found nothing ready at the paper's acceptance, bench/results/as2d_h100.md)
+        # while in bfloat16 it kept up: the suspect is a float32 verify's GEMMs (~10 ms at
+        # width 9, 4.6 in bfloat16) holding the GPU (measured next: lead_mean per request)
+        stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         if stream is not None:  # the source's tokens were made on the caller's stream
             stream.wait_stream(torch.cuda.current_stream(device))
 
