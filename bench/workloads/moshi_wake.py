@@ -1,0 +1,285 @@
+"""DiffuPlex's rolling wakes (seeds/002, issue 26) over moshi 0.2.13's own ``LMModel``.
+
+The interaction keeps Moshi's 80 ms frame; the temporal backbone wakes only when the
+frames it drafted run out or a revision discards them. One wake feeds the ``c`` frames
+realized since the last one (the assistant's played tokens and the user's arrived ones,
+gathered from a delay cache exactly as ``LMGen._step`` gathers its one position) and
+``W - 1`` masked future positions, in one ``transformer`` call of query length ``c + W -
+1``: the last realized position's output is the next frame (h = 1, the autoregressive
+prediction), masked position h - 1 the frame h. A prefix of ``r`` frames is retained
+(the schedule's decision, below): each one's text token is sampled from its logits as
+``LMGen`` samples, its 8 audio codebooks by the vendor's ``LMGen.depformer_step``
+(autoregressive per frame, unchanged), and it is written into the delay cache ahead of
+playback. Then the ring KV is rewound by ``W - 1``: the masked entries lie past the
+committed end and the next wake overwrites them (``rewind``: every ``RingKVCache``'s
+``end_offset``, each attention's ``offset``/``offset_cpu``, each layer's
+``offset_cpu`` and the transformer's ``offsets``; no copy). Frames are played one per
+tick; played frames are never rewritten (the next wake writes past the current tick).
+
+Masked positions: an assistant stream is masked at every h >= 2 (it is the draft); a
+user stream at position q is masked unless the frame it carries there (q minus its
+delay) has arrived, which is the paper's staircase (user cb0 from h >= 2 here, with its
+delay 0; cb1..7, delay 1, from h >= 3). A masked stream contributes a per-stream mask
+vector instead of its token embedding. The paper's gated LoRA is built from
+``moshi.modules.lora.LoRALinear`` on every linear of the backbone (``add_gated_lora``):
+its delta is taken only at masked positions (``torch.where``), so realized positions,
+and every position of W = 1, run the original path. Mask vectors and LoRA factors are
+seeded random (random weights: what they compute does not matter, that they run does);
+the depformer keeps its own weights at every h.
+
+W = 1 is one wake a tick with ``c = 1`` and nothing masked: the same vendor calls in the
+same order as ``LMGen.step`` (``forward_text`` on one position, ``sample_token``,
+``depformer_step``), so its token IDs equal the vendor loop's bit for bit, greedy or
+sampled with the same seed (tests/test_moshi_wake.py).
+
+Decisions (``Schedule``): with random weights a confidence is meaningless, so how many
+frames a wake retains and after how many played frames a revision comes are drawn from
+a seeded schedule, per wake, recorded (``Wake``); every arm of a comparison replays the
+same list.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+LORA_RANK = 8
+LORA_SCALING = 2.0
+INIT_STD = 0.02  # mask vectors and LoRA factors: seeded N(0, INIT_STD)
+
+
+class Gate:
+    """Which positions of the current backbone call take the LoRA delta: ``mask`` [B, T]
+    bool (the masked ones), or None (none: the original path, as at W = 1)."""
+
+    mask: torch.Tensor | None = None
+
+
+class GatedLoRA(torch.nn.Module):
+    """The vendor's ``LoRALinear`` around a backbone linear, its delta gated per position."""
+
+    def __init__(self, base: torch.nn.Linear, gate: Gate, generator: torch.Generator) -> None:
+        from moshi.modules.lora import LoRALinear
+
+        super().__init__()
+        w = base.weight
+        self.lora = LoRALinear(
+            base.in_features,
+            base.out_features,
+            LORA_RANK,
+            LORA_SCALING,
+            device=w.device,
+            dtype=w.dtype,
+        )
+        self.lora.frozen_W = base
+        with torch.no_grad():
+            for p in (self.lora.lora_A.weight, self.lora.lora_B.weight):
+                p.copy_(torch.randn(p.shape, generator=generator) * INIT_STD)
+        self.gate = gate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = self.lora.frozen_W(x)
+        if self.gate.mask is None:
+            return base
+        delta = self.lora.scaling * self.lora.lora_B(self.lora.lora_A(x))
+        return torch.where(self.gate.mask[:, :, None], base + delta, base)
+
+
+def add_gated_lora(module: torch.nn.Module, seed: int) -> Gate:
+    """Every ``nn.Linear`` under ``module`` wrapped in a ``GatedLoRA`` sharing one gate."""
+    gate, g = Gate(), torch.Generator().manual_seed(seed)
+
+    def wrap(parent: torch.nn.Module) -> None:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, GatedLoRA(child, gate, g))
+            else:
+                wrap(child)
+
+    wrap(module)
+    return gate
+
+
+def rewind(transformer: Any, n: int) -> None:
+    """Move the committed end of ``transformer``'s streaming state back by ``n``
+    positions: the entries a call wrote past it are overwritten by the next call."""
+    from moshi.modules.transformer import RingKVCache
+
+    for module in transformer.modules():
+        state = getattr(module, "_streaming_state", None)
+        if state is None:
+            continue
+        if hasattr(state, "offsets"):  # _TransformerState: RoPE positions
+            state.offsets.sub_(n)
+        if hasattr(state, "offset") and isinstance(state.offset, torch.Tensor):
+            state.offset.sub_(n)  # _MHAState
+        if hasattr(state, "offset_cpu"):
+            state.offset_cpu -= n  # _MHAState and _LayerState
+        cache = getattr(state, "kv_cache", None)
+        if isinstance(cache, RingKVCache):
+            cache.end_offset.sub_(n)
+
+
+@dataclass(frozen=True)
+class Wake:
+    """One wake: the tick it ran at, frames realized since the last (``c``), frames
+    retained (``r``), frames played before the next wake (``k``: ``k < r`` is a
+    revision, the rest of the draft discarded)."""
+
+    tick: int
+    c: int
+    r: int
+    k: int
+
+
+class Schedule:
+    """Seeded decisions per wake: ``r`` retained (1, else a run from ``min_run`` to
+    ``window``, with probability ``p_run``) and ``k`` played before the next wake (a
+    revision after 1 .. r - 1 with probability ``p_revise``, else all ``r``). W = 1:
+    always (1, 1)."""
+
+    def __init__(self, seed: int, window: int, p_run: float, min_run: int, p_revise: float) -> None:
+        self.rng, self.window = random.Random(seed), window
+        self.p_run, self.min_run, self.p_revise = p_run, min(min_run, window), p_revise
+
+    def next(self) -> tuple[int, int]:
+        if self.window == 1:
+            return 1, 1
+        r = 1
+        if self.rng.random() < self.p_run:
+            r = self.rng.randint(self.min_run, self.window)
+        k = r
+        if r > 1 and self.rng.random() < self.p_revise:
+            k = self.rng.randint(1, r - 1)
+        return r, k
+
+
+@dataclass
+class RollingWakes:
+    """The rolling loop (module docstring) over ``lm_gen``'s model, sampling as it does;
+    ``lm_gen`` itself is not stepped. Call ``tick(user_codes)`` once per frame."""
+
+    lm_gen: Any
+    window: int
+    schedule: Schedule
+    seed: int = 0
+    wakes: list[Wake] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lm = self.lm = self.lm_gen.lm_model
+        self.delays = list(lm.delays)
+        self.max_delay = max(self.delays)
+        self.depth = lm.dep_q + 1  # text + the assistant's audio codebooks
+        self.ring = self.window + self.max_delay + 2  # the delay cache's length
+        device = lm.device
+        self.cache = torch.full(
+            (1, lm.num_codebooks, self.ring),
+            lm.ungenerated_token_id,
+            device=device,
+            dtype=torch.long,
+        )
+        self.initial = lm._get_initial_token()
+        self.gate = add_gated_lora(lm.transformer, self.seed) if self.window > 1 else Gate()
+        g = torch.Generator().manual_seed(self.seed + 1)
+        dim = lm.text_emb.weight.shape[1]
+        self.mask_vectors = (torch.randn(lm.num_codebooks, dim, generator=g) * INIT_STD).to(
+            device=device, dtype=lm.text_emb.weight.dtype
+        )
+        self.t = 0  # frames played (LMGen's offsets)
+        self.fed = 0  # positions committed to the backbone's KV
+        self.left = 0  # frames the last wake left to play before the next wake
+
+    # ------------------------------------------------------------------ a frame
+    @torch.no_grad()
+    def tick(self, user: torch.Tensor) -> torch.Tensor | None:
+        """One 80 ms frame: ``user`` [1, 8, 1] codes arrive; the frame played now,
+        [1, 9, 1] text and audio IDs as ``LMGen.step`` returns them (None during its
+        warm-up of ``max_delay`` frames)."""
+        t, users = self.t, range(self.depth, self.lm.num_codebooks)
+        for i, k in enumerate(users):  # LMGen._step's first scatter: at t + delay
+            self.cache[:, k, (t + self.delays[k]) % self.ring] = user[:, i, 0]
+        if self.left == 0:
+            self._wake()
+        self.left -= 1
+        self.t += 1
+        if self.t <= self.max_delay:
+            return None
+        gen = torch.tensor(self.delays[: self.depth], device=self.cache.device)
+        index = ((self.t - self.max_delay + gen) % self.ring).view(1, -1, 1)
+        return self.cache[:, : self.depth].gather(2, index)
+
+    # ------------------------------------------------------------------- a wake
+    def _wake(self) -> None:
+        lm, t, W = self.lm, self.t, self.window
+        c = t - self.fed + 1  # positions fed .. t are realized
+        positions = list(range(self.fed, t + W))
+        tokens, masked = self._inputs(positions, t)
+        if masked is None:  # nothing masked (W = 1): the vendor's own call
+            out, logits = lm.forward_text(tokens)
+        else:
+            self.gate.mask = masked.any(dim=1)
+            try:
+                out, logits = self._forward(tokens, masked)
+            finally:
+                self.gate.mask = None
+        r, k = self.schedule.next()
+        g = self.lm_gen
+        for h in range(1, r + 1):
+            i = c - 1 + h - 1  # the output that predicts frame t + h
+            text = _sample(logits[:, :, i : i + 1], g.use_sampling, g.temp_text, g.top_k_text)
+            audio = g.depformer_step(text, out[:, i : i + 1])
+            slot = (t + h) % self.ring
+            self.cache[:, 0, slot] = text
+            self.cache[:, 1 : self.depth, slot] = audio
+        if W > 1:
+            rewind(lm.transformer, W - 1)
+        self.fed, self.left = t + 1, k
+        self.wakes.append(Wake(t, c, r, k))
+
+    def _inputs(self, positions: list[int], t: int) -> tuple[torch.Tensor, Any]:
+        """Tokens [1, K, T] at ``positions`` (``initial`` where a stream has not started,
+        as LMGen gives it), and the masked streams [1, K, T] (None when none are)."""
+        lm, K = self.lm, self.lm.num_codebooks
+        delays = torch.tensor(self.delays, device=self.cache.device)[:, None]
+        pos = torch.tensor(positions, device=self.cache.device)[None, :]
+        gathered = self.cache.gather(2, (pos % self.ring).expand(K, -1)[None])
+        is_init = pos <= delays  # [K, T]
+        tokens = torch.where(is_init[None], self.initial, gathered)
+        future = pos > t  # masked positions, h >= 2
+        if not bool(future.any()):
+            return tokens, None
+        arrived = (pos - delays) <= t
+        user = torch.arange(K, device=pos.device)[:, None] >= self.depth
+        masked = future & ~(user & arrived)
+        return tokens, masked[None]
+
+    def _forward(self, tokens: torch.Tensor, masked: torch.Tensor) -> tuple[Any, Any]:
+        """``LMModel.forward_text`` with a mask vector for each masked stream entry."""
+        lm = self.lm
+        safe = torch.where(masked, torch.zeros_like(tokens), tokens)
+
+        def stream(emb: Any, k: int) -> torch.Tensor:
+            e = emb(safe[:, k])
+            return torch.where(masked[:, k, :, None], self.mask_vectors[k], e)
+
+        x = None
+        for cb in range(lm.num_audio_codebooks):
+            e = stream(lm.emb[cb], cb + lm.audio_offset)
+            x = e if x is None else x + e
+        text = stream(lm.text_emb, 0)
+        x = text if x is None else x + text
+        out = lm.transformer(x)
+        if lm.out_norm:
+            out = lm.out_norm(out)
+        return out, lm.text_linear(out)[:, None]
+
+
+def _sample(logits: torch.Tensor, use_sampling: bool, temp: float, top_k: int) -> torch.Tensor:
+    """LMGen's text sampling of one position: the token [B]."""
+    from moshi.utils.sampling import sample_token
+
+    token = sample_token(logits.float(), use_sampling, temp, top_k)
+    return token[:, 0, 0]

@@ -1,0 +1,117 @@
+"""DiffuPlex's rolling wakes over moshi 0.2.13's LMModel (bench/workloads/moshi_wake.py),
+on the tiny LM in bfloat16 on the CPU: at W = 1 the loop is the vendor's LMGen.step loop
+bit for bit (token IDs and float32 PCM, greedy and sampled with the same seed); at W > 1
+every wake leaves the backbone's streaming state at its committed end (the masked
+entries rewound), the decisions follow the seeded schedule, and a fresh run of the same
+loop reproduces every token, PCM sample and wake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from bench.workloads import unavailable_reason
+
+pytestmark = pytest.mark.slow
+
+_REASON = unavailable_reason("moshi")
+if _REASON is not None:
+    pytest.skip(_REASON, allow_module_level=True)
+
+from bench.workloads import moshi as M  # noqa: E402
+from bench.workloads import moshi_wake as MW  # noqa: E402
+
+SEED = 0
+FRAMES = 40
+DTYPE = torch.bfloat16
+SAMPLING_SEED = 100
+
+
+def frames_out(mimi, step) -> tuple[list, list]:
+    """Per frame: the played IDs (None in the warm-up) and their decoded float32 PCM."""
+    ids, pcm = [], []
+    with torch.no_grad():
+        for chunk in M.pcm_stream(SEED, FRAMES):
+            tokens = step(mimi.encode(chunk))
+            ids.append(None if tokens is None else tokens[0, :, 0].tolist())
+            pcm.append(None if tokens is None else mimi.decode(tokens[:, 1:]).clone())
+    return ids, pcm
+
+
+def vendor(greedy: bool) -> tuple[list, list]:
+    mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=greedy)
+    torch.manual_seed(SAMPLING_SEED)
+    return frames_out(mimi, lm_gen.step)
+
+
+def rolling(greedy: bool, window: int, schedule_seed: int = 5) -> tuple[list, list, Any]:
+    mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=greedy, start=False)
+    mimi.streaming_forever(1)
+    lm_gen.lm_model.streaming_forever(1)
+    schedule = MW.Schedule(schedule_seed, window, p_run=0.5, min_run=2, p_revise=0.4)
+    loop = MW.RollingWakes(lm_gen, window, schedule, seed=SEED)
+    torch.manual_seed(SAMPLING_SEED)
+    ids, pcm = frames_out(mimi, loop.tick)
+    return ids, pcm, loop
+
+
+def same(a: list, b: list) -> bool:
+    return all(
+        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_one_frame_wakes_are_the_vendor_loop_bit_for_bit(greedy: bool) -> None:
+    ids, pcm = vendor(greedy)
+    mine_ids, mine_pcm, loop = rolling(greedy, window=1)
+    assert mine_ids == ids and same(mine_pcm, pcm)
+    assert sum(x is not None for x in ids) == FRAMES - 1  # past LMGen's one-frame warm-up
+    assert [(w.c, w.r, w.k) for w in loop.wakes] == [(1, 1, 1)] * FRAMES
+
+
+def committed(loop: MW.RollingWakes) -> set[int]:
+    """Every position counter of the backbone's streaming state."""
+    from moshi.modules.transformer import RingKVCache
+
+    seen = set()
+    for module in loop.lm.transformer.modules():
+        state = getattr(module, "_streaming_state", None)
+        if state is None:
+            continue
+        for name in ("offsets", "offset"):
+            if isinstance(getattr(state, name, None), torch.Tensor):
+                seen.add(int(getattr(state, name)))
+        if hasattr(state, "offset_cpu"):
+            seen.add(state.offset_cpu)
+        if isinstance(getattr(state, "kv_cache", None), RingKVCache):
+            seen.add(int(state.kv_cache.end_offset))
+    return seen
+
+
+def test_wakes_of_four_rewind_to_the_committed_end_and_reproduce() -> None:
+    mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
+    mimi.streaming_forever(1)
+    lm_gen.lm_model.streaming_forever(1)
+    loop = MW.RollingWakes(lm_gen, 4, MW.Schedule(5, 4, 0.5, 2, 0.4), seed=SEED)
+    after_wake = []
+    with torch.no_grad():
+        for chunk in M.pcm_stream(SEED, FRAMES):
+            n = len(loop.wakes)
+            loop.tick(mimi.encode(chunk))
+            if len(loop.wakes) > n:  # a wake ran: every counter at the committed end
+                after_wake.append((committed(loop), loop.fed))
+    assert all(seen == {fed} for seen, fed in after_wake), after_wake
+    wakes = loop.wakes
+    assert FRAMES - wakes[-1].k <= sum(w.k for w in wakes[:-1]) <= FRAMES - 1  # one a tick
+    assert all(1 <= w.k <= w.r <= 4 for w in wakes)
+    assert [w.c for w in wakes[1:]] == [w.k for w in wakes[:-1]]  # realized = played since
+    assert any(w.k < w.r for w in wakes) and any(w.k > 1 for w in wakes)  # revisions, runs
+    # a fresh run of the same loop: every token, PCM sample and decision again
+    ids, pcm, again = rolling(True, window=4)
+    ids2, pcm2, again2 = rolling(True, window=4)
+    assert ids == ids2 and same(pcm, pcm2) and again.wakes == again2.wakes == wakes
+    assert ids != vendor(True)[0]  # W = 4 is another algorithm (masked positions, LoRA)
