@@ -50,7 +50,7 @@ def rolling(greedy: bool, window: int, schedule_seed: int = 5) -> tuple[list, li
     mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=greedy, start=False)
     mimi.streaming_forever(1)
     lm_gen.lm_model.streaming_forever(1)
-    schedule = MW.Schedule(schedule_seed, window, p_run=0.5, min_run=2, p_revise=0.4)
+    schedule = MW.Schedule(schedule_seed, window, p_run=0.5, min_run=2, hazard=0.3)
     loop = MW.RollingWakes(lm_gen, window, schedule, seed=SEED)
     torch.manual_seed(SAMPLING_SEED)
     ids, pcm = frames_out(mimi, loop.tick)
@@ -96,7 +96,9 @@ def test_wakes_of_four_rewind_to_the_committed_end_and_reproduce() -> None:
     mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
     mimi.streaming_forever(1)
     lm_gen.lm_model.streaming_forever(1)
-    loop = MW.RollingWakes(lm_gen, 4, MW.Schedule(5, 4, 0.5, 2, 0.4), seed=SEED)
+    loop = MW.RollingWakes(
+        lm_gen, 4, MW.Schedule(5, 4, p_run=0.5, min_run=2, hazard=0.3), seed=SEED
+    )
     after_wake = []
     with torch.no_grad():
         for chunk in M.pcm_stream(SEED, FRAMES):
@@ -115,3 +117,51 @@ def test_wakes_of_four_rewind_to_the_committed_end_and_reproduce() -> None:
     ids2, pcm2, again2 = rolling(True, window=4)
     assert ids == ids2 and same(pcm, pcm2) and again.wakes == again2.wakes == wakes
     assert ids != vendor(True)[0]  # W = 4 is another algorithm (masked positions, LoRA)
+
+
+@pytest.mark.parametrize(
+    "policy, frames_per_wake, before_revision", [("listen", 1.98, 4.24), ("speak", 2.26, 3.79)]
+)
+def test_schedules_are_calibrated_to_the_paper(policy, frames_per_wake, before_revision) -> None:
+    """At W = 16 the seeded schedule plays as many frames a wake as the paper's timing
+    subset, and as many before a revision; a schedule replays from its seed."""
+    make = getattr(MW.Schedule, policy)
+    schedule = make(3, 16)
+    drawn = [schedule.decide() for _ in range(40000)]
+    assert make(3, 16).decide() == drawn[0]  # a fresh schedule draws the same
+    played = [k for _, k in drawn]
+    revised = [k for r, k in drawn if k < r]
+    assert abs(sum(played) / len(played) - frames_per_wake) < 0.06
+    assert abs(sum(revised) / len(revised) - before_revision) < 0.12
+    minimum = 6 if policy == "listen" else 2
+    assert min(r for r, _ in drawn if r > 1) == minimum
+
+
+def test_the_confidence_rule_retains_by_state_and_probability() -> None:
+    rule = MW.ConfidenceRule(0, 6, "listen", threshold=0.5, pad=3, epad=0)
+    texts, sure = [9, 3, 3, 3, 3, 3], [0.1] + [0.9] * 5
+    assert rule.decide(texts, sure)[0] == 6  # h = 2..6 all PAD, confident
+    assert rule.decide(texts[:4] + [7, 3], sure)[0] == 1  # a run of 4 < Listen's 6
+    speak = MW.ConfidenceRule(0, 6, "speak", threshold=0.5, pad=3, epad=0)
+    assert speak.decide([9, 7, 0, 5, 3, 3], [0.1, 0.9, 0.9, 0.2, 0.9, 0.9])[0] == 3
+    assert speak.decide([9, 7, 0, 5, 3, 3], [0.1, 0.4, 0.9, 0.9, 0.9, 0.9])[0] == 1
+
+
+def test_a_rule_driven_wake_loop_runs_and_reproduces() -> None:
+    """The sanity arm on the tiny LM: the rule reads every drafted token of each wake."""
+
+    def run() -> tuple[list, list]:
+        mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
+        mimi.streaming_forever(1)
+        lm_gen.lm_model.streaming_forever(1)
+        lm = lm_gen.lm_model
+        rule = MW.ConfidenceRule(
+            1, 4, "speak", 0.0, lm.existing_text_padding_id, lm.existing_text_end_padding_id
+        )
+        loop = MW.RollingWakes(lm_gen, 4, rule, seed=SEED)
+        ids, _ = frames_out(mimi, loop.tick)
+        return ids, loop.wakes
+
+    (ids, wakes), (ids2, wakes2) = run(), run()
+    assert ids == ids2 and wakes == wakes2
+    assert all(w.r == 4 for w in wakes)  # threshold 0: every drafted frame is kept

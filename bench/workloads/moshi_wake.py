@@ -34,8 +34,9 @@ sampled with the same seed (tests/test_moshi_wake.py).
 
 Decisions (``Schedule``): with random weights a confidence is meaningless, so how many
 frames a wake retains and after how many played frames a revision comes are drawn from
-a seeded schedule, per wake, recorded (``Wake``); every arm of a comparison replays the
-same list.
+a seeded schedule calibrated to the paper, per wake, recorded (``Wake``); every arm of a
+comparison replays the same list. ``ConfidenceRule`` applies the paper's retention rule
+to the wake's own text (a sanity arm, threshold lowered).
 """
 
 from __future__ import annotations
@@ -136,25 +137,70 @@ class Wake:
 
 
 class Schedule:
-    """Seeded decisions per wake: ``r`` retained (1, else a run from ``min_run`` to
-    ``window``, with probability ``p_run``) and ``k`` played before the next wake (a
-    revision after 1 .. r - 1 with probability ``p_revise``, else all ``r``). W = 1:
-    always (1, 1)."""
+    """Seeded decisions per wake: ``r`` retained (1, else a run of ``min_run`` ..
+    ``window`` frames with probability ``p_run``) and ``k`` played before the next wake (a
+    revision after each played frame of the run with probability ``hazard``, else all
+    ``r``). ``listen``/``speak``: calibrated at W = 16 to the paper's timing subset
+    (frames per wake 1.98 / 2.26, frames played before a revision 4.24 / 3.79; its
+    minimum runs 6 / 2). W = 1: always (1, 1)."""
 
-    def __init__(self, seed: int, window: int, p_run: float, min_run: int, p_revise: float) -> None:
+    needs_texts = False
+
+    def __init__(self, seed: int, window: int, p_run: float, min_run: int, hazard: float) -> None:
         self.rng, self.window = random.Random(seed), window
-        self.p_run, self.min_run, self.p_revise = p_run, min(min_run, window), p_revise
+        self.p_run, self.min_run, self.hazard = p_run, min(min_run, window), hazard
 
-    def next(self) -> tuple[int, int]:
+    @classmethod
+    def listen(cls, seed: int, window: int) -> "Schedule":
+        return cls(seed, window, p_run=0.225, min_run=6, hazard=0.1525)
+
+    @classmethod
+    def speak(cls, seed: int, window: int) -> "Schedule":
+        return cls(seed, window, p_run=0.3575, min_run=2, hazard=0.16)
+
+    def decide(self, texts: Any = None, confidences: Any = None) -> tuple[int, int]:
         if self.window == 1:
             return 1, 1
         r = 1
         if self.rng.random() < self.p_run:
             r = self.rng.randint(self.min_run, self.window)
-        k = r
-        if r > 1 and self.rng.random() < self.p_revise:
-            k = self.rng.randint(1, r - 1)
-        return r, k
+        return r, self._played(r)
+
+    def _played(self, r: int) -> int:
+        for j in range(1, r):
+            if self.rng.random() < self.hazard:
+                return j
+        return r
+
+
+class ConfidenceRule(Schedule):
+    """The paper's retention rule on the wake's own text (a sanity arm: with random
+    weights a confidence is ~1 / vocabulary, so the threshold is lowered): h = 1 always;
+    the run is the longest h = 2 .. W whose sampled text token has an allowed state
+    (``listen``: PAD only; ``speak``: PAD, EPAD or a word) and a softmax probability
+    before temperature and top-k of at least ``threshold``; kept when at least
+    ``min_run`` long, else 1. Revision stays the schedule's (the rule needs the model's
+    user predictions, which Moshi's 8-codebook depformer does not make)."""
+
+    needs_texts = True
+
+    def __init__(
+        self, seed: int, window: int, policy: str, threshold: float, pad: int, epad: int
+    ) -> None:
+        base = Schedule.listen(seed, window) if policy == "listen" else Schedule.speak(seed, window)
+        super().__init__(seed, window, base.p_run, base.min_run, base.hazard)
+        self.allowed = {pad} if policy == "listen" else None  # None: every state
+        self.threshold = threshold
+
+    def decide(self, texts: Any = None, confidences: Any = None) -> tuple[int, int]:
+        run = 1
+        for h in range(2, self.window + 1):
+            state_ok = self.allowed is None or texts[h - 1] in self.allowed
+            if not state_ok or confidences[h - 1] < self.threshold:
+                break
+            run = h
+        r = run if run >= self.min_run else 1
+        return r, self._played(r)
 
 
 @dataclass
@@ -225,12 +271,23 @@ class RollingWakes:
                 out, logits = self._forward(tokens, masked)
             finally:
                 self.gate.mask = None
-        r, k = self.schedule.next()
         g = self.lm_gen
+        at = lambda h: c - 1 + h - 1  # noqa: E731  (the output that predicts frame t + h)
+        sample = lambda h: _sample(  # noqa: E731
+            logits[:, :, at(h) : at(h) + 1], g.use_sampling, g.temp_text, g.top_k_text
+        )
+        if self.schedule.needs_texts:  # the rule reads every drafted text token first
+            texts = [sample(h) for h in range(1, W + 1)]
+            probs = [
+                float(torch.softmax(logits[0, 0, at(h)].float(), -1)[int(x)])
+                for h, x in enumerate(texts, start=1)
+            ]
+            r, k = self.schedule.decide([int(x) for x in texts], probs)
+        else:
+            r, k = self.schedule.decide()
         for h in range(1, r + 1):
-            i = c - 1 + h - 1  # the output that predicts frame t + h
-            text = _sample(logits[:, :, i : i + 1], g.use_sampling, g.temp_text, g.top_k_text)
-            audio = g.depformer_step(text, out[:, i : i + 1])
+            text = texts[h - 1] if self.schedule.needs_texts else sample(h)
+            audio = g.depformer_step(text, out[:, at(h) : at(h) + 1])
             slot = (t + h) % self.ring
             self.cache[:, 0, slot] = text
             self.cache[:, 1 : self.depth, slot] = audio
