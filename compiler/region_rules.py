@@ -276,7 +276,7 @@ class RegionRules:
                 self.err(
                     "CLK052",
                     f"region '{r.name}' attends {until} entries of a ring({capacity}) that a "
-                    f"call writes up to {spec} speculative entries into: they overwrite the "
+                    f"call writes up to {spec} entries past its first into: they overwrite the "
                     f"oldest entries its first queries still read; lossless only with a "
                     f"ring of at least {until + spec} (or attending {bound})",
                     a.until.span,

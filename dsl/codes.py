@@ -289,7 +289,7 @@ _CODES = [
         "CLK052",
         "error",
         "bad speculative region",
-        "`speculative S` says a call may write S entries past a region's committed end (a verifier's drafted tokens, a wake's masked frames) that the commit cuts back by moving the end, never by a copy: S is a positive extent in the region's clock-extent axis units; the envelope holds the retained extent and S; a `ring(N)` keeps N - S committed entries, and a region that attends more of its ring than that is refused (a speculative write overwrites the oldest entries the call's first queries still read: lossless only with a ring of at least the attended extent + S).",
+        "`speculative S` says a call may write S entries past a region's committed end beyond its first (a verifier's drafted tokens, a wake's realized and masked frames) that the commit cuts back by moving the end, never by a copy: S is a positive extent in the region's clock-extent axis units; the envelope holds the retained extent and S; a `ring(N)` keeps N - S committed entries, and a region that attends more of its ring than that is refused (a speculative write overwrites the oldest entries the call's first queries still read: lossless only with a ring of at least the attended extent + S).",
     ),
     Code(
         "CLK053",

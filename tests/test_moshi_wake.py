@@ -165,3 +165,38 @@ def test_a_rule_driven_wake_loop_runs_and_reproduces() -> None:
     (ids, wakes), (ids2, wakes2) = run(), run()
     assert ids == ids2 and wakes == wakes2
     assert all(w.r == 4 for w in wakes)  # threshold 0: every drafted frame is kept
+
+
+def test_widened_rings_keep_every_key_a_wake_attends() -> None:
+    """A context of 8 frames, so 60 frames wrap the rings many times (float32: the
+    token IDs compare the attended keys, not a reduction order, which a wrapped ring
+    permutes). Rings widened by 2W - 2 (what RollingWakes does) decode as rings too wide
+    to wrap; the vendor's capacity (= context) loses keys under multi-frame wakes."""
+    from moshi.modules.transformer import RingKVCache
+
+    def run(extra: int | None) -> tuple[list, set]:
+        kwargs = {**M.TINY_LM_KWARGS, "context": 8}
+        mimi, lm_gen = M.build_moshi(SEED, "cpu", torch.float32, kwargs, greedy=True, start=False)
+        mimi.streaming_forever(1)
+        lm_gen.lm_model.streaming_forever(1)
+        widen = MW.widen_rings
+        if extra is not None:  # another width than the loop's own, or none
+            MW.widen_rings = lambda t, _: widen(t, extra) if extra else 0
+        try:
+            loop = MW.RollingWakes(lm_gen, 4, MW.Schedule(5, 4, 0.5, 2, 0.3), seed=SEED)
+        finally:
+            MW.widen_rings = widen
+        states = [getattr(m, "_streaming_state", None) for m in loop.lm.transformer.modules()]
+        caches = [getattr(state, "kv_cache", None) for state in states]
+        rings = {c.capacity for c in caches if isinstance(c, RingKVCache)}
+        ids = []
+        with torch.no_grad():
+            for chunk in M.pcm_stream(SEED, 60):
+                tokens = loop.tick(mimi.encode(chunk))
+                ids.append(None if tokens is None else tokens[0, :, 0].tolist())
+        return ids, rings
+
+    (mine, rings), (wide, _), (stock, stock_rings) = run(None), run(1000), run(0)
+    assert rings == {8 + 6} and stock_rings == {8}
+    assert mine == wide
+    assert sum(a != b for a, b in zip(stock, wide)) > 10

@@ -15,6 +15,10 @@ committed end and the next wake overwrites them (``rewind``: every ``RingKVCache
 ``end_offset``, each attention's ``offset``/``offset_cpu``, each layer's
 ``offset_cpu`` and the transformer's ``offsets``; no copy). Frames are played one per
 tick; played frames are never rewritten (the next wake writes past the current tick).
+A wake writes up to 2W - 1 positions at once, and the vendor's rings hold exactly its
+context: the last entries of such a write wrap onto keys its first queries still attend,
+so the loop widens every ring by 2W - 2 at the stream's start (``widen_rings``; the
+attention masks keep the vendor's context).
 
 Masked positions: an assistant stream is masked at every h >= 2 (it is the draft); a
 user stream at position q is masked unless the frame it carries there (q minus its
@@ -102,6 +106,37 @@ def add_gated_lora(module: torch.nn.Module, seed: int) -> Gate:
 
     wrap(module)
     return gate
+
+
+def widen_rings(transformer: Any, extra: int) -> int:
+    """Give every ``RingKVCache`` of a freshly started stream ``extra`` more slots than
+    its attention's context. A call of q positions writes q entries; with the vendor's
+    capacity (= context) the last q - 1 of them wrap onto the oldest keys the call's first
+    queries still attend (each query masks keys older than its context, not the slots a
+    later position overwrote): lossless only with capacity >= context + q - 1. The masks
+    stay the vendor's (``context``). Returns how many rings were widened."""
+    from moshi.modules.transformer import RingKVCache
+
+    widened = 0
+    for module in transformer.modules():
+        state = getattr(module, "_streaming_state", None)
+        cache = getattr(state, "kv_cache", None)
+        if not isinstance(cache, RingKVCache):
+            continue
+        if bool((cache.end_offset != 0).any()):
+            raise ValueError("widen the rings before the stream's first call")
+        _, batch, heads, capacity, dim = cache.cache.shape
+        state.kv_cache = RingKVCache(
+            batch,
+            heads,
+            dim,
+            capacity + extra,
+            cache.respect_exec_mask,
+            device=cache.cache.device,
+            dtype=cache.cache.dtype,
+        )
+        widened += 1
+    return widened
 
 
 def rewind(transformer: Any, n: int) -> None:
@@ -229,6 +264,8 @@ class RollingWakes:
         )
         self.initial = lm._get_initial_token()
         self.gate = add_gated_lora(lm.transformer, self.seed) if self.window > 1 else Gate()
+        if self.window > 1:  # a wake writes up to 2W - 1 positions (c <= W realized)
+            widen_rings(lm.transformer, 2 * self.window - 2)
         g = torch.Generator().manual_seed(self.seed + 1)
         dim = lm.text_emb.weight.shape[1]
         self.mask_vectors = (torch.randn(lm.num_codebooks, dim, generator=g) * INIT_STD).to(
