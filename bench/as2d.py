@@ -368,6 +368,14 @@ def acceptance(doc: dict, cell: str) -> dict:
     return {"histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))), "mean": mean}
 
 
+def none_ready(doc: dict, cell: str) -> float | None:
+    """The fraction of a decoupled cell's measured rounds that found no candidate ready
+    (the drafter behind the verifier: those rounds are greedy steps)."""
+    reqs = [q for r in _ok(doc, cell) if r for q in _window(r) if "rounds_none_ready" in q]
+    rounds = sum(q["rounds"] for q in reqs)
+    return sum(q["rounds_none_ready"] for q in reqs) / rounds if rounds else None
+
+
 def headline(doc: dict) -> dict:
     """The issue's top-level keys (module docstring), from the finished document."""
     cells = [c.name for c in CELLS if any(_ok(doc, c.name))]
@@ -388,6 +396,7 @@ def headline(doc: dict) -> dict:
         "tokens_per_s_after_prefill": rates,
         "accepted_per_round": {c: acceptance(doc, c) for c in cells},
         "call_ms_by_width": first.get("call_ms_by_width"),
+        "rounds_none_ready": {c: none_ready(doc, c) for c in cells if "as2d" in c},
     }
 
 
@@ -404,13 +413,15 @@ def describe(doc: dict) -> list[str]:
         f"{doc.get('replay_equals_eager')}; tier 2 match rate: "
         f"{_fmt(doc.get('target_greedy_match_rate'))}",
         "",
-        "| cell | tokens/s after prefill | mean accepted per round | greedy match rate |",
-        "|:--|--:|--:|--:|",
+        "| cell | tokens/s after prefill | mean accepted per round | greedy match rate "
+        "| rounds with none ready |",
+        "|:--|--:|--:|--:|--:|",
     ]
     for c, rate in (doc.get("tokens_per_s_after_prefill") or {}).items():
         mean = (doc.get("accepted_per_round") or {}).get(c, {}).get("mean")
         match = (doc.get("target_greedy_match_rate_by_cell") or {}).get(c)
-        lines.append(f"| {c} | {_fmt(rate)} | {_fmt(mean)} | {_fmt(match)} |")
+        behind = (doc.get("rounds_none_ready") or {}).get(c)
+        lines.append(f"| {c} | {_fmt(rate)} | {_fmt(mean)} | {_fmt(match)} | {_fmt(behind)} |")
     return lines
 
 
