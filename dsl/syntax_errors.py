@@ -32,6 +32,7 @@ _EXPR_RULES = frozenset({"add", "sub", "mul", "max_of"})
 # How terminals are named in "expected ..." messages.
 _FRIENDLY = {
     "NAME": "a name",
+    "ATTR": "an attribute name",
     "INT": "an integer",
     "STRING": 'a "string"',
     "DTYPE": "a dtype (float32, bfloat16, int64, ...)",

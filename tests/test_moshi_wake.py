@@ -200,3 +200,41 @@ def test_widened_rings_keep_every_key_a_wake_attends() -> None:
     assert rings == {8 + 6} and stock_rings == {8}
     assert mine == wide
     assert sum(a != b for a, b in zip(stock, wide)) > 10
+
+
+def test_a_graphed_wake_loop_equals_its_eager_run_byte_for_byte() -> None:
+    """The backbone bound by its generated contract (moshi_wake.contract_text: one class
+    per query length W .. 2W - 1; the simulate backend on the CPU): every wake replays,
+    and the run's token IDs, float32 PCM and decisions equal the eager loop's."""
+    ids, pcm, eager = rolling(True, window=4)
+    mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
+    mimi.streaming_forever(1)
+    lm_gen.lm_model.streaming_forever(1)
+    schedule = MW.Schedule(5, 4, p_run=0.5, min_run=2, hazard=0.3)
+    loop = MW.RollingWakes(lm_gen, 4, schedule, seed=SEED)
+    binding = MW.bind_adapter(loop, "cpu", backend="simulate")
+    torch.manual_seed(SAMPLING_SEED)
+    graphed_ids, graphed_pcm = frames_out(mimi, loop.tick)
+    assert graphed_ids == ids and same(graphed_pcm, pcm) and loop.wakes == eager.wakes
+    stats = binding.stats()["callables"]["backbone"]
+    assert stats["hits"] == len(loop.wakes) and not stats["misses"], stats
+    assert {w.c + 3 for w in loop.wakes} <= {4, 5, 6, 7}  # q = c + W - 1: the catalog
+
+
+def test_the_wake_contract_refuses_the_vendor_s_ring() -> None:
+    """contract_text documents the rings as one speculative region: at the widened
+    capacity it checks; at the vendor's (= context) clockc refuses it (CLK052)."""
+    from duplexcadence.compiler.driver import check_source
+
+    mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
+    lm_gen.lm_model.streaming_forever(1)
+    loop = MW.RollingWakes(lm_gen, 16, MW.Schedule.listen(0, 16), seed=SEED)
+    text = MW.contract_text(loop)
+    result = check_source(text, "moshi_wake.clock")
+    assert result.ok, result.diagnostics
+    (backbone,) = result.analysis.callables
+    assert backbone.width == 16 and backbone.commits[0][0] == "lm_kv"
+    kv = next(r for r in result.analysis.regions if r.name == "lm_kv")
+    assert (kv.speculative, kv.bound, kv.envelope) == (30, 3000, 3030)
+    stock = check_source(text.replace("ring(3030 frame)", "ring(3000 frame)"), "s.clock")
+    assert [d.code for d in stock.diagnostics if d.severity.name == "ERROR"] == ["CLK052"]
