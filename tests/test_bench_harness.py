@@ -414,3 +414,12 @@ def test_memory_by_pool_puts_each_graph_pool_apart():
         "graph pool 1.3": {"reserved_mib": 10.0, "allocated_mib": 6.0},
         "default": {"reserved_mib": 4.0, "allocated_mib": 1.0},
     }
+
+
+def test_an_out_path_with_a_dot_keeps_its_name(tmp_path):
+    """``--out`` has no suffix of its own: ``eps0.5`` and ``eps0.0`` are two documents
+    (Path.with_suffix made both ``eps0.json`` and the second run overwrote the first)."""
+    assert document.artefact(tmp_path / "as2d_eps0.5", ".json").name == "as2d_eps0.5.json"
+    assert document.artefact(str(tmp_path / "m"), ".md") == tmp_path / "m.md"
+    names = {document.artefact(tmp_path / f"eps{e}", ".png").name for e in ("0.0", "0.5")}
+    assert names == {"eps0.0.png", "eps0.5.png"}

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.document import cell_env
+from bench.harness.document import artefact, cell_env
 from bench.harness.process import WorkerProcess, git_info, write_json
 
 from . import summary
@@ -329,7 +329,7 @@ class Sweep:
         doc = self.document(complete)
         out = Path(self.args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out.with_suffix(".json"), doc)
+        write_json(artefact(out, ".json"), doc)
         return doc
 
 
@@ -368,11 +368,11 @@ def run(wl: Any, args: argparse.Namespace) -> int:
     args.out = args.out or f"bench/results/sessions_{host}"
     out = Path(args.out)
     prior = None
-    if (args.resume or args.rerender) and out.with_suffix(".json").exists():
-        prior = json.loads(out.with_suffix(".json").read_text())
+    if (args.resume or args.rerender) and artefact(out, ".json").exists():
+        prior = json.loads(artefact(out, ".json").read_text())
     if args.rerender and prior is None:
         print(
-            f"bench.cadence: --rerender: no document at {out.with_suffix('.json')}", file=sys.stderr
+            f"bench.cadence: --rerender: no document at {artefact(out, '.json')}", file=sys.stderr
         )
         return 2
     sweep = Sweep(wl, args, prior, gpu)
@@ -382,7 +382,7 @@ def run(wl: Any, args: argparse.Namespace) -> int:
     else:
         sweep.sweep()
         doc = sweep.write(complete=True)
-    out.with_suffix(".md").write_text(summary.markdown(doc))
-    summary.plot(doc, out.with_suffix(".png"))
+    artefact(out, ".md").write_text(summary.markdown(doc))
+    summary.plot(doc, artefact(out, ".png"))
     print(summary.markdown(doc))
     return 0

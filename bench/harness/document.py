@@ -172,10 +172,17 @@ def with_headline(wl: Workload, doc: dict) -> dict:
     }
 
 
+def artefact(out: Path | str, suffix: str) -> Path:
+    """``--out``'s file with ``suffix`` appended: ``--out`` has none of its own, and a dot
+    in it is part of the name (``as2d_eps0.5`` -> ``as2d_eps0.5.json``, not ``as2d_eps0.json``)."""
+    out = Path(out)
+    return out.with_name(out.name + suffix)
+
+
 def write_reports(wl: Workload, doc: dict, out: Path) -> None:
     md = report.markdown(wl, doc)
-    report.plot(wl, doc, out.with_suffix(".png"))
-    out.with_suffix(".md").write_text(md)
+    report.plot(wl, doc, artefact(out, ".png"))
+    artefact(out, ".md").write_text(md)
     print(md)
 
 
@@ -188,6 +195,7 @@ def rerender(wl: Workload, path: Path) -> int:
         what = doc["cells"].get(name, {}).get("what") or getattr(wl.by_name.get(name), "what", "")
         doc["cells"][name] = {"what": what, **agg[name]}
     doc = with_headline(wl, doc)
-    write_json(Path(path).with_suffix(".json"), doc)
-    write_reports(wl, doc, Path(path))
+    out = Path(path).with_suffix("")  # the result JSON's own path, less its .json
+    write_json(artefact(out, ".json"), doc)
+    write_reports(wl, doc, out)
     return 0

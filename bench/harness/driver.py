@@ -163,7 +163,7 @@ class Call:
         doc["complete"] = complete
         budget = [s["why"] for s in rec["skipped"] if "--time-budget" in s["why"]]
         doc["budget_stop"] = budget[0] if budget else None
-        write_json(Path(self.args.out).with_suffix(".json"), doc)
+        write_json(document.artefact(self.args.out, ".json"), doc)
         return doc
 
     def run_block(self, bi: int) -> None:
@@ -240,8 +240,8 @@ def drive(wl: Workload, args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     prior = None
-    if args.merge and out.with_suffix(".json").exists():
-        prior = json.loads(out.with_suffix(".json").read_text())
+    if args.merge and document.artefact(out, ".json").exists():
+        prior = json.loads(document.artefact(out, ".json").read_text())
         problems = document.merge_problems(wl, prior, args)
         if problems:
             say(
