@@ -229,7 +229,7 @@ def test_the_wake_contract_refuses_the_vendor_s_ring() -> None:
     mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
     lm_gen.lm_model.streaming_forever(1)
     loop = MW.RollingWakes(lm_gen, 16, MW.Schedule.listen(0, 16), seed=SEED)
-    text = MW.contract_text(loop)
+    text = MW.contract_text(MW.wake_shape(loop))
     result = check_source(text, "moshi_wake.clock")
     assert result.ok, result.diagnostics
     (backbone,) = result.analysis.callables
@@ -238,3 +238,11 @@ def test_the_wake_contract_refuses_the_vendor_s_ring() -> None:
     assert (kv.speculative, kv.bound, kv.envelope) == (30, 3000, 3030)
     stock = check_source(text.replace("ring(3030 frame)", "ring(3000 frame)"), "s.clock")
     assert [d.code for d in stock.diagnostics if d.severity.name == "ERROR"] == ["CLK052"]
+
+
+def test_the_shipped_wake_contract_is_contract_text_at_the_7b_shape() -> None:
+    from pathlib import Path
+
+    shipped = (Path(__file__).parents[1] / "contracts" / "moshi_wake.clock").read_text()
+    assert shipped.endswith(MW.contract_text(MW.SHAPE_7B))
+    assert MW.SHAPE_7B.ring == MW.SHAPE_7B.context + 2 * MW.SHAPE_7B.window - 2
