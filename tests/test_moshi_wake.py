@@ -138,11 +138,11 @@ def test_schedules_are_calibrated_to_the_paper(policy, frames_per_wake, before_r
 
 
 def test_the_confidence_rule_retains_by_state_and_probability() -> None:
-    rule = MW.ConfidenceRule(0, 6, "listen", threshold=0.5, pad=3, epad=0)
+    rule = MW.ConfidenceRule(0, 6, "listen", threshold=0.5, pad=3)
     texts, sure = [9, 3, 3, 3, 3, 3], [0.1] + [0.9] * 5
     assert rule.decide(texts, sure)[0] == 6  # h = 2..6 all PAD, confident
     assert rule.decide(texts[:4] + [7, 3], sure)[0] == 1  # a run of 4 < Listen's 6
-    speak = MW.ConfidenceRule(0, 6, "speak", threshold=0.5, pad=3, epad=0)
+    speak = MW.ConfidenceRule(0, 6, "speak", threshold=0.5, pad=3)
     assert speak.decide([9, 7, 0, 5, 3, 3], [0.1, 0.9, 0.9, 0.2, 0.9, 0.9])[0] == 3
     assert speak.decide([9, 7, 0, 5, 3, 3], [0.1, 0.4, 0.9, 0.9, 0.9, 0.9])[0] == 1
 
@@ -155,9 +155,7 @@ def test_a_rule_driven_wake_loop_runs_and_reproduces() -> None:
         mimi.streaming_forever(1)
         lm_gen.lm_model.streaming_forever(1)
         lm = lm_gen.lm_model
-        rule = MW.ConfidenceRule(
-            1, 4, "speak", 0.0, lm.existing_text_padding_id, lm.existing_text_end_padding_id
-        )
+        rule = MW.ConfidenceRule(1, 4, "speak", 0.0, lm.existing_text_padding_id)
         loop = MW.RollingWakes(lm_gen, 4, rule, seed=SEED)
         ids, _ = frames_out(mimi, loop.tick)
         return ids, loop.wakes

@@ -184,6 +184,11 @@ class Schedule:
     minimum runs 6 / 2). W = 1: always (1, 1)."""
 
     needs_texts = False
+    # the paper's two policies, calibrated (class docstring)
+    POLICIES = {
+        "listen": dict(p_run=0.225, min_run=6, hazard=0.1525),
+        "speak": dict(p_run=0.3575, min_run=2, hazard=0.16),
+    }
 
     def __init__(self, seed: int, window: int, p_run: float, min_run: int, hazard: float) -> None:
         self.rng, self.window = random.Random(seed), window
@@ -191,11 +196,11 @@ class Schedule:
 
     @classmethod
     def listen(cls, seed: int, window: int) -> "Schedule":
-        return cls(seed, window, p_run=0.225, min_run=6, hazard=0.1525)
+        return Schedule(seed, window, **cls.POLICIES["listen"])
 
     @classmethod
     def speak(cls, seed: int, window: int) -> "Schedule":
-        return cls(seed, window, p_run=0.3575, min_run=2, hazard=0.16)
+        return Schedule(seed, window, **cls.POLICIES["speak"])
 
     def decide(self, texts: Any = None, confidences: Any = None) -> tuple[int, int]:
         if self.window == 1:
@@ -223,12 +228,9 @@ class ConfidenceRule(Schedule):
 
     needs_texts = True
 
-    def __init__(
-        self, seed: int, window: int, policy: str, threshold: float, pad: int, epad: int
-    ) -> None:
-        base = Schedule.listen(seed, window) if policy == "listen" else Schedule.speak(seed, window)
-        super().__init__(seed, window, base.p_run, base.min_run, base.hazard)
-        self.allowed = {pad} if policy == "listen" else None  # None: every state
+    def __init__(self, seed: int, window: int, policy: str, threshold: float, pad: int) -> None:
+        super().__init__(seed, window, **self.POLICIES[policy])
+        self.allowed = {pad} if policy == "listen" else None  # speak: every state
         self.threshold = threshold
 
     def decide(self, texts: Any = None, confidences: Any = None) -> tuple[int, int]:
@@ -260,6 +262,7 @@ class RollingWakes:
         self.depth = lm.dep_q + 1  # text + the assistant's audio codebooks
         self.ring = self.window + self.max_delay + 2  # the delay cache's length
         device = lm.device
+        self.delay_column = torch.tensor(self.delays, device=device)[:, None]  # [K, 1]
         self.cache = torch.full(
             (1, lm.num_codebooks, self.ring),
             lm.ungenerated_token_id,
@@ -294,7 +297,7 @@ class RollingWakes:
         self.t += 1
         if self.t <= self.max_delay:
             return None
-        gen = torch.tensor(self.delays[: self.depth], device=self.cache.device)
+        gen = self.delay_column[: self.depth]
         index = ((self.t - self.max_delay + gen) % self.ring).view(1, -1, 1)
         return self.cache[:, : self.depth].gather(2, index)
 
@@ -336,8 +339,7 @@ class RollingWakes:
     def _inputs(self, positions: list[int], t: int) -> tuple[torch.Tensor, Any]:
         """Tokens [1, K, T] at ``positions`` (``initial`` where a stream has not started,
         as LMGen gives it), and the masked streams [1, K, T] (None when none are)."""
-        lm, K = self.lm, self.lm.num_codebooks
-        delays = torch.tensor(self.delays, device=self.cache.device)[:, None]
+        K, delays = self.lm.num_codebooks, self.delay_column
         pos = torch.tensor(positions, device=self.cache.device)[None, :]
         gathered = self.cache.gather(2, (pos % self.ring).expand(K, -1)[None])
         is_init = pos <= delays  # [K, T]

@@ -326,7 +326,7 @@ def update_at(container: Any, steps: tuple[Step, ...], fn) -> bool:
 # the item steps of a call's arguments pass through these exact types only (a vendor's
 # object is unpacked into a dict of its members first): a path through them breaks no
 # rule of the module docstring, so it is taken by plain indexing, not step by step
-_PLAIN_CONTAINERS = frozenset({dict, list, tuple})
+_PLAIN_CONTAINERS = _PLAIN - {types.SimpleNamespace}
 
 
 def _plain_parent(container: Any, steps: tuple[Step, ...]) -> Any:
