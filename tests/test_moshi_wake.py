@@ -214,8 +214,10 @@ def test_a_graphed_wake_loop_equals_its_eager_run_byte_for_byte() -> None:
     torch.manual_seed(SAMPLING_SEED)
     graphed_ids, graphed_pcm = frames_out(mimi, loop.tick)
     assert graphed_ids == ids and same(graphed_pcm, pcm) and loop.wakes == eager.wakes
-    stats = binding.stats()["callables"]["backbone"]
-    assert stats["hits"] == len(loop.wakes) and not stats["misses"], stats
+    stats = binding.stats()["callables"]
+    assert stats["backbone"]["hits"] == len(loop.wakes) and not stats["backbone"]["misses"]
+    retained = sum(w.r for w in loop.wakes)  # one depformer step per retained frame
+    assert stats["depformer"]["hits"] == retained and not stats["depformer"]["misses"], stats
     assert {w.c + 3 for w in loop.wakes} <= {4, 5, 6, 7}  # q = c + W - 1: the catalog
 
 
@@ -230,7 +232,8 @@ def test_the_wake_contract_refuses_the_vendor_s_ring() -> None:
     text = MW.contract_text(MW.wake_shape(loop))
     result = check_source(text, "moshi_wake.clock")
     assert result.ok, result.diagnostics
-    (backbone,) = result.analysis.callables
+    backbone, depformer = result.analysis.callables
+    assert depformer.width == 1  # the vendor's depformer step: one class
     assert backbone.width == 16 and backbone.commits[0][0] == "lm_kv"
     kv = next(r for r in result.analysis.regions if r.name == "lm_kv")
     assert (kv.speculative, kv.bound, kv.envelope) == (30, 3000, 3030)

@@ -327,7 +327,8 @@ class RollingWakes:
             r, k = self.schedule.decide()
         for h in range(1, r + 1):
             text = texts[h - 1] if self.schedule.needs_texts else sample(h)
-            audio = g.depformer_step(text, out[:, at(h) : at(h) + 1])
+            # one position's output, contiguous as LMGen hands it (W = 1: the same tensor)
+            audio = g.depformer_step(text, out[:, at(h) : at(h) + 1].contiguous())
             slot = (t + h) % self.ring
             self.cache[:, 0, slot] = text
             self.cache[:, 1 : self.depth, slot] = audio
@@ -392,9 +393,10 @@ def _sample(logits: torch.Tensor, use_sampling: bool, temp: float, top_k: int) -
 
 @dataclass(frozen=True)
 class WakeShape:
-    """What a wake contract depends on: the backbone's depth and attention, its rings
-    (``ring`` slots, ``context`` attended), the streams, the dtype and W."""
+    """What a wake contract depends on: the backbone's depth, width and attention, its
+    rings (``ring`` slots, ``context`` attended), the streams, the dtype and W."""
 
+    dim: int
     layers: int
     heads: int
     head_dim: int
@@ -406,7 +408,7 @@ class WakeShape:
 
 
 # moshi 0.2.13's 7B LM (loaders._lm_kwargs) at W = 16, its rings widened by 2W - 2
-SHAPE_7B = WakeShape(32, 32, 128, 3000 + 30, 3000, 17, "bfloat16", 16)
+SHAPE_7B = WakeShape(4096, 32, 32, 128, 3000 + 30, 3000, 17, "bfloat16", 16)
 
 
 def wake_shape(loop: RollingWakes) -> WakeShape:
@@ -417,7 +419,15 @@ def wake_shape(loop: RollingWakes) -> WakeShape:
     dtype = str(cache.dtype).removeprefix("torch.")
     context = layers[0].self_attn.context
     return WakeShape(
-        len(layers), heads, head_dim, ring, context, loop.lm.num_codebooks, dtype, loop.window
+        loop.lm.dim,
+        len(layers),
+        heads,
+        head_dim,
+        ring,
+        context,
+        loop.lm.num_codebooks,
+        dtype,
+        loop.window,
     )
 
 
@@ -429,8 +439,9 @@ def contract_text(shape: WakeShape) -> str:
     (`lm_kv`: clockc refuses it unless it holds the context and the 2W - 2 entries a wake
     writes past its first). Every tensor the call writes in place is a stock region,
     pointer-checked on every call: a ring replaced behind the graphs (a new stream) makes
-    the call run eager, not write a stale buffer. contracts/moshi_wake.clock is this text
-    at ``SHAPE_7B``."""
+    the call run eager, not write a stale buffer. The vendor's depformer step (one call
+    per retained frame) is a second callable of one class. contracts/moshi_wake.clock is
+    this text at ``SHAPE_7B``."""
     W, ring, dtype = shape.window, shape.ring, shape.dtype
     state = "lm.transformer.layers[{i}].self_attn._streaming_state"
     lines = [
@@ -443,6 +454,7 @@ def contract_text(shape: WakeShape) -> str:
         "determinism cuda.cudnn_sdp = false",
         "clock wake = 1 per call",
         f"clock frame = 1..{W} per wake  # the frames a wake commits (played since the last)",
+        f"const dim = {shape.dim}",
         f"const layers = {shape.layers}",
         f"const heads = {shape.heads}",
         f"const head_dim = {shape.head_dim}",
@@ -485,12 +497,22 @@ def contract_text(shape: WakeShape) -> str:
         f"  commits lm_kv by q - {W - 1}",
         "  effects none",
         "}",
+        # the vendor's own depformer step for each retained frame (LMGen graphs it too,
+        # as graphed_depth): its streaming state lives inside the call, so it writes nothing
+        "callable depformer {",
+        "  site lm_gen.depformer_step",
+        "  per frame",
+        "  arg text_token: int64 [1]",
+        f"  arg transformer_out: {dtype} [1, 1, dim]",
+        "  effects none",
+        "}",
     ]
     return "\n".join(lines) + "\n"
 
 
 def bind_adapter(loop: RollingWakes, device: Any = None, backend: Any = None) -> Any:
-    """Bind the wake contract at ``loop``'s shape to ``loop`` (its backbone graphed): the
+    """Bind the wake contract at ``loop``'s shape to ``loop`` (its backbone and depformer
+    graphed), on a stream started but not yet stepped: the
     shipped generated adapter at ``SHAPE_7B``, else ``contract_text`` compiled here."""
     import importlib
 
@@ -506,4 +528,10 @@ def bind_adapter(loop: RollingWakes, device: Any = None, backend: Any = None) ->
             raise ValueError("\n".join(str(d) for d in result.diagnostics))
         package = import_generated(result.files, prefix=f"moshi_wake_w{loop.window}")
         adapter = importlib.import_module(f"{package.__name__}.adapter")
-    return adapter.bind(loop, device=device, progress=False, backend=backend)
+    # capture runs the callables on scratch inputs, which advances the backbone's rings:
+    # reset them in place after (as bench.workloads.moshi.bind_adapter does per connection)
+    binding = adapter.bind(loop, device=device, capture=False, progress=False, backend=backend)
+    if binding.device.type == "cuda" or backend is not None:  # what bind() would capture
+        binding.capture(progress=False)
+        loop.lm.reset_streaming()
+    return binding
