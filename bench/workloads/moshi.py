@@ -141,17 +141,18 @@ def pcm_stream(seed: int, n_frames: int) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def step_frame(mimi: Any, lm_gen: Any, chunk: torch.Tensor) -> tuple[list, list]:
+def step_frame(mimi: Any, lm_gen: Any, chunk: torch.Tensor, step: Any = None) -> tuple[list, list]:
     """One 80 ms frame, the server's loop body: (tokens, pcm) device tensors, one per
     code step with output (``lm_gen.step`` returns None until ``offset_cpu >
-    max_delay``, lm.py:774-776). No host synchronisation."""
+    max_delay``, lm.py:774-776). No host synchronisation. ``step``: what takes the
+    user's codes instead of ``lm_gen.step`` (a rolling-wake loop's ``tick``)."""
     from moshi.utils.compile import no_compile
 
     tokens_out, pcm_out = [], []
     with no_compile():
         codes = mimi.encode(chunk.to(device=next(mimi.parameters()).device))
         for c in range(codes.shape[-1]):
-            tokens = lm_gen.step(codes[:, :, c : c + 1])
+            tokens = (step or lm_gen.step)(codes[:, :, c : c + 1])
             if tokens is not None:
                 assert tokens.shape[1] == lm_gen.lm_model.dep_q + 1
                 tokens_out.append(tokens)

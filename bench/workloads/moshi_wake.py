@@ -33,8 +33,10 @@ the depformer keeps its own weights at every h.
 
 W = 1 is one wake a tick with ``c = 1`` and nothing masked: the same vendor calls in the
 same order as ``LMGen.step`` (``forward_text`` on one position, ``sample_token``,
-``depformer_step``), so its token IDs equal the vendor loop's bit for bit, greedy or
-sampled with the same seed (tests/test_moshi_wake.py).
+``depformer_step``, each through the vendor's ``CUDAGraphed`` as ``LMGen`` wraps them,
+so they graph when the vendor's graphs are on and run eager when ``NO_CUDA_GRAPH=1``), so
+its token IDs equal the vendor loop's bit for bit, greedy or sampled with the same seed
+(tests/test_moshi_wake.py; bench/diffuplex.py on the GPU).
 
 Decisions (``Schedule``): with random weights a confidence is meaningless, so how many
 frames a wake retains and after how many played frames a revision comes are drawn from
@@ -271,6 +273,14 @@ class RollingWakes:
         )
         self.initial = lm._get_initial_token()
         self.gate = add_gated_lora(lm.transformer, self.seed) if self.window > 1 else Gate()
+        if self.window == 1:  # LMGen's own wrappers (LMGen._init_streaming_state)
+            from moshi.utils.compile import CUDAGraphed
+
+            off = device.type != "cuda"
+            self.forward_text = CUDAGraphed(lm.forward_text, disable=off)
+            self.depformer_step = CUDAGraphed(self.lm_gen.depformer_step, disable=off)
+        else:  # the plain calls: the wake's contract binds the depformer at its site
+            self.forward_text, self.depformer_step = None, None
         if self.window > 1:  # a wake writes up to 2W - 1 positions (c <= W realized)
             widen_rings(lm.transformer, 2 * self.window - 2)
         g = torch.Generator().manual_seed(self.seed + 1)
@@ -308,7 +318,7 @@ class RollingWakes:
         positions = list(range(self.fed, t + W))
         tokens, masked = self._inputs(positions, t)
         if masked is None:  # nothing masked (W = 1): the vendor's own call
-            out, logits = lm.forward_text(tokens)
+            out, logits = self.forward_text(tokens)
         else:
             out, logits = self.backbone(tokens, masked)
         g = self.lm_gen
@@ -328,7 +338,8 @@ class RollingWakes:
         for h in range(1, r + 1):
             text = texts[h - 1] if self.schedule.needs_texts else sample(h)
             # one position's output, contiguous as LMGen hands it (W = 1: the same tensor)
-            audio = g.depformer_step(text, out[:, at(h) : at(h) + 1].contiguous())
+            depformer = self.depformer_step or g.depformer_step
+            audio = depformer(text, out[:, at(h) : at(h) + 1].contiguous())
             slot = (t + h) % self.ring
             self.cache[:, 0, slot] = text
             self.cache[:, 1 : self.depth, slot] = audio
