@@ -40,6 +40,7 @@ from typing import Any
 
 from bench.decoders import catalog_check
 from bench.harness import Cell, Stream, WorkerContext, Workload, main
+from bench.harness.document import ok_results
 
 TOKENS = Stream(
     "tokens", "int64", key="tokens_sha256", step_key="step_sha256", count_key="n_tokens"
@@ -308,15 +309,6 @@ def request_record(seed: int, t: Any) -> dict:
     return record
 
 
-def _ok(doc: dict, cell: str) -> list[dict]:
-    """``cell``'s ok results, one per block (None where the block has none)."""
-    out = []
-    for b in doc["blocks"]:
-        r = b["results"].get(cell)
-        out.append(r if r and r.get("status") == "ok" else None)
-    return out
-
-
 def _window(r: dict) -> list[dict]:
     """The requests of a result's measured window."""
     phases = r["requests_by_phase"]
@@ -326,7 +318,7 @@ def _window(r: dict) -> list[dict]:
 def tokens_per_s(doc: dict, cell: str) -> float | None:
     """Committed tokens after the prefill per second of decoding, over every measured
     request of every block (tokens and seconds summed, then divided)."""
-    reqs = [q for r in _ok(doc, cell) if r for q in _window(r) if "decode_s" in q]
+    reqs = [q for r in ok_results(doc, cell) if r for q in _window(r) if "decode_s" in q]
     n = doc["settings"].get("tokens_per_request") or 0
     seconds = sum(q["decode_s"] for q in reqs)
     return (n - 1) * len(reqs) / seconds if reqs and seconds else None
@@ -337,7 +329,7 @@ def match_rate(doc: dict, cell: str) -> float | None:
     IDs equal the target-only greedy reference's (``stock``)."""
     pairs = [
         (a, b)
-        for r, ref in zip(_ok(doc, cell), _ok(doc, "stock"))
+        for r, ref in zip(ok_results(doc, cell), ok_results(doc, "stock"))
         if r and ref
         for a, b in zip(r[TOKENS.step_key], ref[TOKENS.step_key])
     ]
@@ -349,7 +341,7 @@ def slower_fraction(doc: dict, cell: str, than: str) -> float | None:
     for the same request (request k has the same seed in every cell)."""
     pairs = [
         (a, b)
-        for r, ref in zip(_ok(doc, cell), _ok(doc, than))
+        for r, ref in zip(ok_results(doc, cell), ok_results(doc, than))
         if r and ref
         for a, b in zip(r["window_ms"], ref["window_ms"])
     ]
@@ -359,7 +351,7 @@ def slower_fraction(doc: dict, cell: str, than: str) -> float | None:
 def acceptance(doc: dict, cell: str) -> dict:
     """Accepted candidates per verify round (rounds with at least one candidate)."""
     hist: dict[str, int] = {}
-    for r in _ok(doc, cell):
+    for r in ok_results(doc, cell):
         for q in _window(r) if r else []:
             for k, v in q.get("accepted", {}).items():
                 hist[k] = hist.get(k, 0) + v
@@ -371,22 +363,24 @@ def acceptance(doc: dict, cell: str) -> dict:
 def none_ready(doc: dict, cell: str) -> float | None:
     """The fraction of a decoupled cell's measured rounds that found no candidate ready
     (the drafter behind the verifier: those rounds are greedy steps)."""
-    reqs = [q for r in _ok(doc, cell) if r for q in _window(r) if "rounds_none_ready" in q]
+    reqs = [q for r in ok_results(doc, cell) if r for q in _window(r) if "rounds_none_ready" in q]
     rounds = sum(q["rounds"] for q in reqs)
     return sum(q["rounds_none_ready"] for q in reqs) / rounds if rounds else None
 
 
 def headline(doc: dict) -> dict:
     """The issue's top-level keys (module docstring), from the finished document."""
-    cells = [c.name for c in CELLS if any(_ok(doc, c.name))]
+    cells = [c.name for c in CELLS if any(ok_results(doc, c.name))]
     graphed = [c.name for c in CELLS if c.bind and c.name in cells]
-    checks = [r["replay_equals_eager"] for c in graphed for r in _ok(doc, c) if r]
-    first = next((r for r in _ok(doc, GRAPHED) if r), {})
+    checks = [r["replay_equals_eager"] for c in graphed for r in ok_results(doc, c) if r]
+    first = next((r for r in ok_results(doc, GRAPHED) if r), {})
     rates = {c: tokens_per_s(doc, c) for c in cells}
     base, ours = rates.get("adapter"), rates.get(GRAPHED)
     return {
         "replay_equals_eager": all(c["equal"] for c in checks) if checks else None,
-        "replay_checks": {c: [r["replay_equals_eager"] for r in _ok(doc, c) if r] for c in graphed},
+        "replay_checks": {
+            c: [r["replay_equals_eager"] for r in ok_results(doc, c) if r] for c in graphed
+        },
         "catalog_predicted": first.get("catalog_predicted"),
         "signatures_observed": first.get("signatures_observed"),
         "speedup_vs_target_only_graphed": ours / base if ours and base else None,

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness import Cell, WorkerContext, Workload, main
+from bench.harness.document import ok_results
 from bench.moshi import COMPILE_ENV, VENDOR_GRAPH_ENV
 from bench.moshi import WORKLOAD as AR_WORKLOAD
 from bench.workloads import moshi as moshi_workload
@@ -218,11 +219,7 @@ class DiffuplexRun:
 
 # ------------------------------------------------------------------ the document
 def _ok(doc: dict, cell: str) -> list[dict]:
-    return [
-        r
-        for b in doc["blocks"]
-        if (r := b["results"].get(cell)) is not None and r.get("status") == "ok"
-    ]
+    return [r for r in ok_results(doc, cell) if r]
 
 
 def _pct(values: list[float], q: float) -> float | None:

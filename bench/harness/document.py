@@ -43,6 +43,16 @@ def first_ok(blocks: list[dict], key: str) -> Any:
     return next((r[key] for r in oks if r.get(key) is not None), None)
 
 
+def ok_results(doc: dict, cell: str) -> list[dict | None]:
+    """``cell``'s ok worker results, one per block (None where the block has none), for a
+    workload's headline."""
+    out = []
+    for b in doc["blocks"]:
+        r = b["results"].get(cell)
+        out.append(r if r and r.get("status") == "ok" else None)
+    return out
+
+
 def merge_problems(wl: Workload, prior: dict, args: argparse.Namespace) -> list[str]:
     """Why a prior document cannot take this call's results (empty: it can)."""
     old, problems = prior.get("settings") or {}, []
