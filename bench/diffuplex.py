@@ -106,18 +106,20 @@ def window_of(cell: str) -> int | None:
 
 
 class LMTimer:
-    """CUDA events (the host clock on a CPU) around each LM call, kept per phase: the
-    harness calls ``after(phase)`` at each phase's end, and the calls since the last one
-    belong to that phase. ``query`` gives the finished call's query length."""
+    """CUDA events (the host clock on a CPU) around each LM call, kept per phase as
+    [part, query length, ms]: the harness calls ``after(phase)`` at each phase's end, and
+    the calls since the last one belong to that phase."""
 
-    def __init__(self, device: Any, query: Any) -> None:
+    def __init__(self, device: Any) -> None:
         import torch
 
         self.cuda = device.type == "cuda"
         self.event = lambda: torch.cuda.Event(enable_timing=True)
-        self.query, self.pending, self.by_phase = query, [], {}
+        self.pending, self.by_phase = [], {}
 
-    def wrap(self, fn: Any) -> Any:
+    def wrap(self, fn: Any, part: str, query: Any = lambda: 1) -> Any:
+        """``fn`` timed as ``part``; ``query()`` gives the finished call's query length."""
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = self.event() if self.cuda else time.perf_counter()
             if self.cuda:
@@ -126,7 +128,7 @@ class LMTimer:
             end = self.event() if self.cuda else time.perf_counter()
             if self.cuda:
                 end.record()
-            self.pending.append((self.query(), start, end))
+            self.pending.append((part, query(), start, end))
             return out
 
         return timed
@@ -137,7 +139,7 @@ class LMTimer:
         if self.cuda:
             torch.cuda.synchronize()
         ms = lambda a, b: a.elapsed_time(b) if self.cuda else (b - a) * 1e3  # noqa: E731
-        self.by_phase[phase] = [[q, ms(a, b)] for q, a, b in self.pending]
+        self.by_phase[phase] = [[part, q, ms(a, b)] for part, q, a, b in self.pending]
         self.pending = []
 
 
@@ -190,13 +192,19 @@ class DiffuplexRun:
             binding = moshi_workload.bind_adapter(self.mimi, self.lm_gen, self.ctx.device)
         elif cell.endswith("_adapter"):
             binding = MW.bind_adapter(self.loop, self.ctx.device)
-        if self.loop is None:
-            self.timer = LMTimer(self.ctx.device, lambda: 1)
-            self.lm_step = self.timer.wrap(self.lm_gen.step)
-        else:  # a wake's query length: c realized + W - 1 masked
+        self.timer = timer = LMTimer(self.ctx.device)
+        if cell == "ar_adapter":  # one graph for the whole LM step
+            self.lm_step = timer.wrap(self.lm_gen.step, "step")
+        elif self.loop is None:  # the vendor's two calls, as LMGen._step makes them
+            state = self.lm_gen._streaming_state
+            state.graphed_main = timer.wrap(state.graphed_main, "backbone")
+            state.graphed_depth = timer.wrap(state.graphed_depth, "depformer")
+            self.lm_step = self.lm_gen.step
+        else:  # a wake (query length: c realized + W - 1 masked) and each played frame
             loop = self.loop
-            self.timer = LMTimer(self.ctx.device, lambda: loop.wakes[-1].c + loop.window - 1)
-            loop._wake = self.timer.wrap(loop._wake)  # tick() calls self._wake()
+            query = lambda: loop.wakes[-1].c + loop.window - 1  # noqa: E731
+            loop._wake = timer.wrap(loop._wake, "wake", query)  # tick() calls self._wake()
+            loop._play = timer.wrap(loop._play, "depformer")
             self.lm_step = loop.tick
         return binding
 
@@ -227,26 +235,37 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def lm_calls(doc: dict, cell: str) -> list[list]:
-    """[query length, ms] of every LM call in ``cell``'s measured windows."""
+    """[part, query length, ms] of every LM call in ``cell``'s measured windows."""
     return [c for r in _ok(doc, cell) for c in r["lm_calls_by_phase"].get("window", [])]
 
 
-def cell_lm(doc: dict, cell: str) -> dict:
-    """``cell``'s LM calls in the window: p50/p99 overall and per query length, the
-    fraction over 80 ms, and LM ms per second of interaction (80 ms frames)."""
-    calls = lm_calls(doc, cell)
-    frames = sum(len(r["window_ms"]) for r in _ok(doc, cell))
-    ms = [m for _, m in calls]
-    by_q: dict[int, list[float]] = {}
-    for q, m in calls:
-        by_q.setdefault(int(q), []).append(m)
+def _calls(ms: list[float], seconds: float) -> dict:
     return {
         "calls": len(ms),
         "p50_ms": _pct(ms, 50),
         "p99_ms": _pct(ms, 99),
         "over_80ms": sum(m > FRAME_MS for m in ms) / len(ms) if ms else None,
-        "lm_ms_per_s": sum(ms) / (frames * FRAME_MS / 1e3) if frames else None,
-        "by_query": {
+        "ms_per_s": sum(ms) / seconds if seconds else None,
+    }
+
+
+def cell_lm(doc: dict, cell: str) -> dict:
+    """``cell``'s LM calls in the window, per part (an AR cell's ``backbone`` and
+    ``depformer``, or its graphed ``step``; a wake cell's ``wake`` and each played frame's
+    ``depformer``): p50/p99, the fraction over 80 ms, ms per second of interaction (80 ms
+    frames), and per query length for wakes; ``lm_ms_per_s``: all parts."""
+    calls = lm_calls(doc, cell)
+    seconds = sum(len(r["window_ms"]) for r in _ok(doc, cell)) * FRAME_MS / 1e3
+    parts: dict[str, list[float]] = {}
+    by_q: dict[int, list[float]] = {}
+    for part, q, m in calls:
+        parts.setdefault(part, []).append(m)
+        if part == "wake":
+            by_q.setdefault(int(q), []).append(m)
+    return {
+        "parts": {p: _calls(ms, seconds) for p, ms in parts.items()},
+        "lm_ms_per_s": sum(m for *_, m in calls) / seconds if seconds else None,
+        "wake_by_query": {
             q: {"n": len(v), "p50_ms": _pct(v, 50), "p99_ms": _pct(v, 99)}
             for q, v in sorted(by_q.items())
         },
@@ -277,7 +296,13 @@ def replay_checks(doc: dict) -> dict:
             continue
         pairs = list(zip(_ok(doc, cell), _ok(doc, eager)))
         first = _ok(doc, cell)[0].get("replay") or {}
-        met = {q for r in _ok(doc, eager) for p in r["lm_calls_by_phase"].values() for q, _ in p}
+        met = {
+            q
+            for r in _ok(doc, eager)
+            for calls in r["lm_calls_by_phase"].values()
+            for part, q, _ in calls
+            if part == "wake"
+        }
         out[cell] = {
             "bytes_equal": doc["cells"].get(cell, {}).get("exact"),
             "decisions_equal": bool(pairs) and all(a["wakes"] == b["wakes"] for a, b in pairs),
@@ -295,9 +320,10 @@ def headline(doc: dict) -> dict:
     cells = [c.name for c in CELLS if _ok(doc, c.name)]
     lm = {c: cell_lm(doc, c) for c in cells}
     checks = replay_checks(doc)
-    top = f"w{HEADLINE_WINDOW}_adapter"
-    ar, wake = lm.get("ar_adapter", {}), lm.get(top, {})
+    part = lambda c, p, k: ((lm.get(c) or {}).get("parts", {}).get(p) or {}).get(k)  # noqa: E731
+    total = lambda c: (lm.get(c) or {}).get("lm_ms_per_s")  # noqa: E731
     ratio = lambda a, b: a / b if a and b else None  # noqa: E731
+    top = f"w{HEADLINE_WINDOW}_adapter"
     return {
         "w1_equals_lmgen": doc["cells"].get("w1", {}).get("exact") if "w1" in cells else None,
         "replay_equals_eager": (
@@ -309,12 +335,17 @@ def headline(doc: dict) -> dict:
             else None
         ),
         "replay_checks": checks,
-        "wake_p99_ms_w16": wake.get("p99_ms"),
+        "wake_p99_ms_w16": part(top, "wake", "p99_ms"),
         "frames_per_wake": {c: frames_per_wake(doc, c) for c in cells if window_of(c)},
-        "lm_time_ratio_ar_adapter_vs_w16_adapter": ratio(
-            ar.get("lm_ms_per_s"), wake.get("lm_ms_per_s")
+        # the LM (backbone and depformer) per second of interaction, our graphed AR step
+        # against the graphed wakes; the backbone alone, the vendor's graphed AR backbone
+        "lm_time_ratio_ar_adapter_vs_w16_adapter": ratio(total("ar_adapter"), total(top)),
+        "backbone_time_ratio_ar_vendor_vs_w16_adapter": ratio(
+            part("ar_vendor", "backbone", "ms_per_s"), part(top, "wake", "ms_per_s")
         ),
-        "wake_cost_vs_ar_step": ratio(wake.get("p50_ms"), ar.get("p50_ms")),
+        "wake_cost_vs_ar_backbone": ratio(
+            part(top, "wake", "p50_ms"), part("ar_vendor", "backbone", "p50_ms")
+        ),
         "lm_calls": lm,
     }
 
@@ -325,27 +356,32 @@ def describe(doc: dict) -> list[str]:
         f"{doc.get('w1_equals_lmgen')}; graphed wakes equal eager (bytes, decisions, no "
         f"eager call): {doc.get('replay_equals_eager')}",
         f"- wake p99 at W = 16 (graphed): {_fmt(doc.get('wake_p99_ms_w16'))} ms; LM time "
-        f"per interaction second, ar_adapter / w16_adapter: "
-        f"{_fmt(doc.get('lm_time_ratio_ar_adapter_vs_w16_adapter'))}x; a wake's p50 vs an "
-        f"AR step's (graphed): {_fmt(doc.get('wake_cost_vs_ar_step'))}x",
+        "per interaction second, ar_adapter / w16_adapter: "
+        f"{_fmt(doc.get('lm_time_ratio_ar_adapter_vs_w16_adapter'))}x; backbone alone, "
+        "ar_vendor / w16_adapter: "
+        f"{_fmt(doc.get('backbone_time_ratio_ar_vendor_vs_w16_adapter'))}x; a graphed "
+        f"wake's p50 vs the vendor's graphed AR backbone: "
+        f"{_fmt(doc.get('wake_cost_vs_ar_backbone'))}x",
         "",
-        "| cell | frames per wake | LM calls | LM p50 ms | LM p99 ms | LM calls over 80 ms "
-        "| LM ms per interaction s |",
-        "|:--|--:|--:|--:|--:|--:|--:|",
+        "| cell | frames per wake | LM part | calls | p50 ms | p99 ms | calls over 80 ms "
+        "| ms per interaction s |",
+        "|:--|--:|:--|--:|--:|--:|--:|--:|",
     ]
     fpw = doc.get("frames_per_wake") or {}
     for c, s in (doc.get("lm_calls") or {}).items():
-        lines.append(
-            f"| {c} | {_fmt(fpw.get(c, 1.0 if c.startswith('ar_') else None))} | {s['calls']} "
-            f"| {_fmt(s['p50_ms'])} | {_fmt(s['p99_ms'])} | {_fmt(s['over_80ms'])} "
-            f"| {_fmt(s['lm_ms_per_s'])} |"
-        )
+        frames = _fmt(fpw.get(c, 1.0 if c.startswith("ar_") else None))
+        for p, v in s["parts"].items():
+            lines.append(
+                f"| {c} | {frames} | {p} | {v['calls']} | {_fmt(v['p50_ms'])} "
+                f"| {_fmt(v['p99_ms'])} | {_fmt(v['over_80ms'])} | {_fmt(v['ms_per_s'])} |"
+            )
+        lines.append(f"| {c} | {frames} | **all** | | | | | {_fmt(s['lm_ms_per_s'])} |")
     lines += ["", "Wake p50 / p99 ms per query length (q = c + W - 1):", ""]
     for c, s in (doc.get("lm_calls") or {}).items():
-        if window_of(c) and window_of(c) > 1 and s["by_query"]:
+        if (window_of(c) or 0) > 1 and s["wake_by_query"]:
             per = ", ".join(
                 f"q{q} {_fmt(v['p50_ms'])}/{_fmt(v['p99_ms'])} (n {v['n']})"
-                for q, v in s["by_query"].items()
+                for q, v in s["wake_by_query"].items()
             )
             lines.append(f"- {c}: {per}")
     return lines

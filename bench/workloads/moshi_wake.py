@@ -8,9 +8,11 @@ gathered from a delay cache exactly as ``LMGen._step`` gathers its one position)
 1``: the last realized position's output is the next frame (h = 1, the autoregressive
 prediction), masked position h - 1 the frame h. A prefix of ``r`` frames is retained
 (the schedule's decision, below): each one's text token is sampled from its logits as
-``LMGen`` samples, its 8 audio codebooks by the vendor's ``LMGen.depformer_step``
-(autoregressive per frame, unchanged), and it is written into the delay cache ahead of
-playback. Then the ring KV is rewound by ``W - 1``: the masked entries lie past the
+``LMGen`` samples and written into the delay cache ahead of playback; its 8 audio
+codebooks come from the vendor's ``LMGen.depformer_step`` (autoregressive per frame,
+unchanged) at the tick that plays the frame, so a wake costs one backbone call and a
+draft a revision discards costs no depformer step. Then the ring KV is rewound by
+``W - 1``: the masked entries lie past the
 committed end and the next wake overwrites them (``rewind``: every ``RingKVCache``'s
 ``end_offset``, each attention's ``offset``/``offset_cpu``, each layer's
 ``offset_cpu`` and the transformer's ``offsets``; no copy). Frames are played one per
@@ -291,6 +293,7 @@ class RollingWakes:
         self.t = 0  # frames played (LMGen's offsets)
         self.fed = 0  # positions committed to the backbone's KV
         self.left = 0  # frames the last wake left to play before the next wake
+        self.drafts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # position: text, out
 
     # ------------------------------------------------------------------ a frame
     @torch.no_grad()
@@ -303,6 +306,7 @@ class RollingWakes:
             self.cache[:, k, (t + self.delays[k]) % self.ring] = user[:, i, 0]
         if self.left == 0:
             self._wake()
+        self._play(t + 1)
         self.left -= 1
         self.t += 1
         if self.t <= self.max_delay:
@@ -335,18 +339,26 @@ class RollingWakes:
             r, k = self.schedule.decide([int(x) for x in texts], probs)
         else:
             r, k = self.schedule.decide()
+        self.drafts = {}  # a revision discards the unplayed drafts of the last wake
         for h in range(1, r + 1):
             text = texts[h - 1] if self.schedule.needs_texts else sample(h)
-            # one position's output, contiguous as LMGen hands it (W = 1: the same tensor)
-            depformer = self.depformer_step or g.depformer_step
-            audio = depformer(text, out[:, at(h) : at(h) + 1].contiguous())
-            slot = (t + h) % self.ring
-            self.cache[:, 0, slot] = text
-            self.cache[:, 1 : self.depth, slot] = audio
+            self.cache[:, 0, (t + h) % self.ring] = text
+            # a view of the wake's output: valid until the next wake's backbone call, and
+            # every drafted frame is played (or discarded) before it
+            self.drafts[t + h] = (text, out[:, at(h) : at(h) + 1])
         if W > 1:
             rewind(lm.transformer, W - 1, t + 1)
         self.fed, self.left = t + 1, k
         self.wakes.append(Wake(t, c, r, k))
+
+    def _play(self, position: int) -> None:
+        """The depformer of the frame played now (its audio codebooks), from its drafted
+        text token and its output position, as ``LMGen`` runs it after ``forward_text``."""
+        text, out = self.drafts.pop(position)
+        depformer = self.depformer_step or self.lm_gen.depformer_step
+        # the position's output, contiguous as LMGen hands it (W = 1: the same tensor)
+        audio = depformer(text, out.contiguous())
+        self.cache[:, 1 : self.depth, position % self.ring] = audio
 
     def _inputs(self, positions: list[int], t: int) -> tuple[torch.Tensor, Any]:
         """Tokens [1, K, T] at ``positions`` (``initial`` where a stream has not started,
@@ -451,7 +463,7 @@ def contract_text(shape: WakeShape) -> str:
     writes past its first). Every tensor the call writes in place is a stock region,
     pointer-checked on every call: a ring replaced behind the graphs (a new stream) makes
     the call run eager, not write a stale buffer. The vendor's depformer step (one call
-    per retained frame) is a second callable of one class. contracts/moshi_wake.clock is
+    per played frame) is a second callable of one class. contracts/moshi_wake.clock is
     this text at ``SHAPE_7B``."""
     W, ring, dtype = shape.window, shape.ring, shape.dtype
     state = "lm.transformer.layers[{i}].self_attn._streaming_state"
@@ -508,7 +520,7 @@ def contract_text(shape: WakeShape) -> str:
         f"  commits lm_kv by q - {W - 1}",
         "  effects none",
         "}",
-        # the vendor's own depformer step for each retained frame (LMGen graphs it too,
+        # the vendor's own depformer step for each played frame (LMGen graphs it too,
         # as graphed_depth): its streaming state lives inside the call, so it writes nothing
         "callable depformer {",
         "  site lm_gen.depformer_step",
