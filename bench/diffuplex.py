@@ -338,8 +338,10 @@ def headline(doc: dict) -> dict:
         "wake_p99_ms_w16": part(top, "wake", "p99_ms"),
         "frames_per_wake": {c: frames_per_wake(doc, c) for c in cells if window_of(c)},
         # the LM (backbone and depformer) per second of interaction, our graphed AR step
-        # against the graphed wakes; the backbone alone, the vendor's graphed AR backbone
+        # (and the vendor's graphed one) against the graphed wakes; the backbone alone,
+        # the vendor's graphed AR backbone
         "lm_time_ratio_ar_adapter_vs_w16_adapter": ratio(total("ar_adapter"), total(top)),
+        "lm_time_ratio_ar_vendor_vs_w16_adapter": ratio(total("ar_vendor"), total(top)),
         "backbone_time_ratio_ar_vendor_vs_w16_adapter": ratio(
             part("ar_vendor", "backbone", "ms_per_s"), part(top, "wake", "ms_per_s")
         ),
@@ -357,7 +359,9 @@ def describe(doc: dict) -> list[str]:
         f"eager call): {doc.get('replay_equals_eager')}",
         f"- wake p99 at W = 16 (graphed): {_fmt(doc.get('wake_p99_ms_w16'))} ms; LM time "
         "per interaction second, ar_adapter / w16_adapter: "
-        f"{_fmt(doc.get('lm_time_ratio_ar_adapter_vs_w16_adapter'))}x; backbone alone, "
+        f"{_fmt(doc.get('lm_time_ratio_ar_adapter_vs_w16_adapter'))}x, ar_vendor / "
+        f"w16_adapter: {_fmt(doc.get('lm_time_ratio_ar_vendor_vs_w16_adapter'))}x; "
+        "backbone alone, "
         "ar_vendor / w16_adapter: "
         f"{_fmt(doc.get('backbone_time_ratio_ar_vendor_vs_w16_adapter'))}x; a graphed "
         f"wake's p50 vs the vendor's graphed AR backbone: "
