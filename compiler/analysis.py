@@ -129,6 +129,8 @@ class CallableAnalysis(_Frozen):
     # `commits R by AMOUNT`: (region, how far a call moves its committed end: a stepped
     # clock's amounts `1..9`, one amount, or each configuration value's `w=1:1,...`)
     commits: tuple[tuple[str, str], ...] = ()
+    # `control NAME: DTYPE in LO..HI from result...`: (name, dtype, `LO..HI`)
+    controls: tuple[tuple[str, str, str], ...] = ()
 
     def rows_shown(self) -> str:
         """The per-row ops as written: `aten.mean.dim, aten.mm.default by 8` (or -)."""
@@ -390,6 +392,11 @@ def analyse_callable(
             (c.region, _commit_shown(checked.commit_amounts[(k.name, c.region)]))
             for c in k.commits
             if (k.name, c.region) in checked.commit_amounts
+        ),
+        controls=tuple(
+            (c.name, c.dtype, f"{c.low}..{c.high}")
+            for c in k.controls
+            if (k.name, c.name) in checked.controls
         ),
     )
 

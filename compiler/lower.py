@@ -20,12 +20,12 @@ from duplexcadence.compiler.lowered import (
     Catalog,
     CatalogRow,
     Constant,
+    Control,
     Counter,
-    Guard,
-    Tracks,
     DictNode,
     FieldValue,
     Fold,
+    Guard,
     Leaf,
     LoweredCallable,
     LoweredContract,
@@ -38,6 +38,7 @@ from duplexcadence.compiler.lowered import (
     Retention,
     StateObject,
     TensorLeaf,
+    Tracks,
     ValueLeaf,
 )
 from duplexcadence.compiler.validate import Checked
@@ -263,6 +264,10 @@ def lower_callable(k: ir.Callable, checked: Checked, analysis) -> LoweredCallabl
         ),
         guards=tuple(Guard(g.site.dotted(), g.value) for g in k.guards),
         objects=_objects(k, regions),
+        controls=tuple(
+            Control(c.name, c.dtype, c.low, c.high, _after_root(c.source).removeprefix("."))
+            for c in k.controls
+        ),
         catalog=lower_catalog(k, analysis.classes, checked) if analysis.in_scope else None,
         batch=(
             Batch(
@@ -466,6 +471,7 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
             ("StateObject", k.objects),
             ("Counter", k.counters),
             ("Guard", k.guards),
+            ("Control", k.controls),
             ("Tracks", [n for n in k.counters if n.tracks is not None]),
             ("Advance", [n for n in k.counters if n.by is not None]),
         ):

@@ -135,6 +135,15 @@ class Retains:
 
 
 @dataclass(frozen=True)
+class Control:
+    name: str
+    dtype: str
+    low: int
+    high: int
+    steps: str  # dotted, from the result
+
+
+@dataclass(frozen=True)
 class Batch:
     """`BatchDecl(widths=, axis=, rows=)`: sessions in lockstep share one call."""
 
@@ -169,6 +178,7 @@ class LoweredCallable:
     guards: tuple[Guard, ...] = ()
     batch: Batch | None = None  # None: one session per call
     objects: tuple["StateObject", ...] = ()  # object arguments (compiler/objects.py)
+    controls: tuple[Control, ...] = ()  # integers the call returns that drive the host
 
 
 @dataclass(frozen=True)

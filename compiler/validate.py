@@ -19,6 +19,7 @@ from typing import Mapping
 from duplexcadence.compiler.batch_rules import BatchRules
 from duplexcadence.compiler.callable_rules import CallableRules
 from duplexcadence.compiler.commit_rules import CommitRules
+from duplexcadence.compiler.control_rules import ControlRules
 from duplexcadence.compiler.counter_advance import Amounts
 from duplexcadence.compiler.evaluate import MAX_VALUE, EvalError, Value, evaluate
 from duplexcadence.compiler.extents import APERY_LIMIT, AmountSet
@@ -68,9 +69,11 @@ class Checked:
     # (callable, region) -> how far a call moves the region's committed end: a stepped
     # clock's amounts, or one per class (commit_rules.py)
     commit_amounts: dict[tuple[str, str], Amounts | AmountSet] = field(default_factory=dict)
+    # (callable, control) -> the declared range of a control (control_rules.py)
+    controls: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
 
-class _Validator(RegionRules, CallableRules, CommitRules, BatchRules):
+class _Validator(RegionRules, CallableRules, ControlRules, CommitRules, BatchRules):
     def __init__(self, contract: ir.Contract, params: Mapping[str, int] | None = None):
         self.c = contract
         self.diags: list[Diagnostic] = []
@@ -130,6 +133,7 @@ class _Validator(RegionRules, CallableRules, CommitRules, BatchRules):
             self.check_slot(region)
         for callable_ in self.c.callables:
             self.check_callable(callable_)
+            self.check_controls(callable_)
             self.check_commits(callable_)
             self.check_batch(callable_)
         self.check_lockstep()

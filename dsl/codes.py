@@ -295,7 +295,13 @@ _CODES = [
         "CLK053",
         "error",
         "bad commit",
-        "`commits R by AMOUNT` says how far a call moves region R's committed end: by a stepped clock's amount (only the data decides which: a verifier's accepted count + 1) or by an expression over one configuration variable (each class its own amount, at least 1); R is a `speculative` region the callable passes, writes or retains, committed once per callable.",
+        "`commits R by AMOUNT` says how far a call moves region R's committed end: by a stepped clock's amount (only the data decides which: a verifier's accepted count + 1), by an expression over one control of the callable (its values over the control's declared range, at most 65,536 of them, each evaluated), or by an expression over one configuration variable (each class its own amount); every amount at least 1; R is a `speculative` region the callable passes, writes or retains, committed once per callable.",
+    ),
+    Code(
+        "CLK054",
+        "error",
+        "bad control",
+        "`control NAME: DTYPE in LO..HI from result...` names an integer the call returns that drives the host (a verifier's accepted count, a wake's retained count): an integer dtype (int64, int32, int16, int8, uint8), a non-empty range LO..HI within 2**53, a path from `result` (what the call returns), and a name of its own (no argument or configuration variable of the callable, no other control).",
     ),
     Code(
         "CLK055",

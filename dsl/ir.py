@@ -252,10 +252,23 @@ class HostCounter(Node):
     tracks: str | None = None
 
 
+class Control(Node):
+    """`control accepted: int64 in 0..8 from result[1]`: an integer the call returns (a
+    verifier's accepted count, a wake's retained count) that drives the host: how far a
+    commit moves (`commits kv by accepted + 1`) and what the next call is configured
+    with. Compared bitwise like any output; its range bounds what it can drive."""
+
+    name: str
+    dtype: DType
+    low: int
+    high: int
+    source: Path
+
+
 class Commit(Node):
     """`commits kv by commit`: of the entries a call writes to region `kv`, the committed
-    end advances by `amount` (a stepped clock's amount, which only the data decides, or an
-    expression over one configuration variable); the rest are speculative (`speculative`
+    end advances by `amount` (a stepped clock's amount or an expression over one control,
+    which only the data decides, or an expression over one configuration variable); the rest are speculative (`speculative`
     on the region) and the next call overwrites them."""
 
     region: str
@@ -324,6 +337,7 @@ class Callable(Node):
     counters: tuple[HostCounter, ...] = ()
     guards: tuple[HostGuard, ...] = ()
     commits: tuple[Commit, ...] = ()
+    controls: tuple[Control, ...] = ()
     ambient: tuple[Ambient, ...] = ()
     effects: Literal["none", "device_rng", "host_rng"] = "none"
     mode: Literal["replay", "eager"] = "replay"

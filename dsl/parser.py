@@ -335,6 +335,17 @@ class _ToIR(Transformer):
         node = ir.Commit(region=str(c[0]), amount=c[1], span=meta_span(meta))
         return _Prop("commits", node, meta_span(meta))
 
+    def prop_control(self, meta, c):
+        node = ir.Control(
+            name=str(c[0]),
+            dtype=str(c[1]),
+            low=int(c[2]),
+            high=int(c[3]),
+            source=c[4],
+            span=meta_span(meta),
+        )
+        return _Prop("controls", node, meta_span(meta))
+
     def counter_staged(self, meta, c):
         return ("staged", True)
 
@@ -373,7 +384,16 @@ class _ToIR(Transformer):
         return _Prop("admit", tuple(c), meta_span(meta))
 
     # ---- blocks
-    _REPEATED = {"args", "retains", "configs", "counters", "guards", "commits", "ambient"}
+    _REPEATED = {
+        "args",
+        "retains",
+        "configs",
+        "counters",
+        "guards",
+        "commits",
+        "controls",
+        "ambient",
+    }
     _LISTS = {"aliased", "writes"}
 
     def _fold(self, kind: str, name_tok: Token, props: list[_Prop]) -> dict:

@@ -126,6 +126,8 @@ def _callable(k: ir.Callable) -> list[str]:
         out.append(f"  counter {path(n.site)} advances {expr(n.advances)} from {n.start}{flags}")
     for g in k.guards:
         out.append(f"  guard {path(g.site)} {g.op} {literal(g.value)}")
+    for c in k.controls:
+        out.append(f"  control {c.name}: {c.dtype} in {c.low}..{c.high} from {path(c.source)}")
     for c in k.commits:
         out.append(f"  commits {c.region} by {expr(c.amount)}")
     for a in k.ambient:

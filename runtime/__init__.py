@@ -121,6 +121,7 @@ from .serving.declared import (  # noqa: E402
     CallableDecl,
     ConstantDecl,
     ContractDecl,
+    Control,
     Counter,
     FoldDecl,
     Guard,
@@ -129,6 +130,7 @@ from .serving.declared import (  # noqa: E402
     Retains,
     StateObject,
 )
+from .state.control_outputs import ControlError  # noqa: E402
 from .state.folds import FoldError  # noqa: E402
 from .serving.lane import Lane, LaneError  # noqa: E402
 from .serving.params import ParamDecl, ParamError  # noqa: E402
@@ -160,6 +162,8 @@ __all__ += [
     "CallableDecl",
     "ConstantDecl",
     "ContractDecl",
+    "Control",
+    "ControlError",
     "Counter",
     "Guard",
     "FoldDecl",

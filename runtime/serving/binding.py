@@ -264,6 +264,19 @@ class Binding:
         return self.lockstep_pool
 
     # ------------------------------------------------------------- telemetry
+    def controls(self, name: str, result: Any) -> dict[str, int]:
+        """The control outputs callable ``name`` declares, read from ``result`` (what one of
+        its calls returned) as host ints: ``{"accepted": 3}``; ``ControlError`` names the
+        control that is missing, of another dtype or shape, or out of its declared range.
+        Reads the device (a synchronisation): call it where the host needs the value."""
+        from ..state.control_outputs import read_controls
+
+        k = next((c for c in self.decl.callables if c.name == name), None)
+        if k is None:
+            known = ", ".join(c.name for c in self.decl.callables)
+            raise KeyError(f"no callable {name!r} in contract {self.decl.name!r} ({known})")
+        return read_controls(name, k.controls, result)
+
     def stats(self) -> dict:
         """Counters of every lane's engines merged, regions, constants, sessions and
         parameter values (binding_report.py)."""

@@ -43,7 +43,16 @@ from .params import ParamDecl
 from ..state.regions import RegionSpec
 from ..state.retention import Retention
 from ..state.sites import Step
-from .declared_args import Aliased, Counter, Guard, Retains, StateObject, _normalise, _steps
+from .declared_args import (
+    Aliased,
+    Control,
+    Counter,
+    Guard,
+    Retains,
+    StateObject,
+    _normalise,
+    _steps,
+)
 
 Install = Literal["carry", "allocate", "stock", "pinned", "declared"]
 PER_SESSION = frozenset({"turn", "session"})
@@ -177,6 +186,7 @@ class CallableDecl:
     layout_free: tuple[tuple[Literal["args", "kwargs"], tuple[Step, ...]], ...] = ()
     batch: BatchDecl | None = None  # sessions in step may share one call (lockstep)
     objects: tuple[StateObject, ...] = ()  # object arguments (transformers caches)
+    controls: tuple[Control, ...] = ()  # integers the call returns that drive the host
 
     def __post_init__(self) -> None:
         # a CatalogDecl (or any sequence) of classes is kept as the tuple it expands to

@@ -74,6 +74,21 @@ class Retains:
 
 
 @dataclass(frozen=True)
+class Control:
+    """``control NAME: DTYPE in LOW..HIGH from result...``: an integer the call returns
+    at ``steps`` of its result that drives the host (runtime/state/control_outputs.py)."""
+
+    name: str
+    dtype: str
+    low: int
+    high: int
+    steps: tuple[Step, ...]
+
+    def __post_init__(self) -> None:
+        _normalise(self, steps=_steps(self.steps))
+
+
+@dataclass(frozen=True)
 class Counter:
     site: tuple[Step, ...]
     advances: int | Advance  # an amount, or one per value of a config variable
