@@ -23,13 +23,17 @@ every wake cell of a block. Cells:
   backbone and depformer graphed by contracts/moshi_wake.clock, each exact against its
   eager cell (W > 1 is another algorithm than AR and is not compared with it). In the
   wake cells Mimi runs under the vendor's own CUDA graphs (as deployed; the loop does
-  not step ``LMGen``, so none of its LM graphs runs).
+  not step ``LMGen``, so none of its LM graphs runs);
+* ``w16_rule``: the sanity arm, W = 16 graphed with retention by the paper's confidence
+  rule on the wake's own text at ``--rule-threshold`` (random weights: lowered).
 
 Besides each frame's wall (the harness's window), the LM is timed by CUDA events around
-each LM call (an AR step: backbone and depformer; a wake: the backbone call, its
-retained frames' sampling and depformer steps), recorded with the call's query length;
-the report gives wake p50/p99 per query length, the LM time per second of interaction
-and a wake's cost against an AR step, and the wake decisions (c, r, k) of every cell.
+each LM call, by part: an AR step's backbone and depformer calls (the vendor's two
+``CUDAGraphed`` calls; our adapter's step is one graph, timed whole), a wake (its
+backbone call and its retained frames' text sampling) and each played frame's depformer
+step, recorded with the call's query length; the report gives wake p50/p99 per query
+length, the LM time per second of interaction and a wake's cost against an AR backbone
+step, and the wake decisions (c, r, k) of every cell.
 """
 
 from __future__ import annotations
@@ -97,6 +101,14 @@ CELLS = (
         env={VENDOR_GRAPH_ENV: None},
     ),
     *_wake_cells(),
+    Cell(
+        "w16_rule",
+        "sanity arm: W = 16 graphed, retention by the paper's confidence rule on the wake's "
+        "own text (moshi_wake.ConfidenceRule at --rule-threshold; random weights: the "
+        "threshold lowered), revisions from the schedule; compared with no other cell",
+        env={VENDOR_GRAPH_ENV: None},
+        exact_against="w16_rule",  # its own reference: another algorithm and another rule
+    ),
 )
 
 
@@ -172,8 +184,13 @@ class DiffuplexRun:
         if not ar:  # the loop steps the LM's own stream, not LMGen's
             self.mimi.streaming_forever(1)
             self.lm_gen.lm_model.streaming_forever(1)
-            make = getattr(MW.Schedule, args.policy)
-            schedule = make(subseed(args.seed, 4), self.window)
+            if self.ctx.cell.name.endswith("_rule"):
+                pad = self.lm_gen.lm_model.existing_text_padding_id
+                schedule = MW.ConfidenceRule(
+                    subseed(args.seed, 4), self.window, args.policy, args.rule_threshold, pad
+                )
+            else:
+                schedule = getattr(MW.Schedule, args.policy)(subseed(args.seed, 4), self.window)
             self.loop = MW.RollingWakes(self.lm_gen, self.window, schedule, seed=args.seed)
         lm = self.lm_gen.lm_model
         self.ctx.result["model"] = {
@@ -190,7 +207,7 @@ class DiffuplexRun:
         cell, binding = self.ctx.cell.name, None
         if cell == "ar_adapter":
             binding = moshi_workload.bind_adapter(self.mimi, self.lm_gen, self.ctx.device)
-        elif cell.endswith("_adapter"):
+        elif cell.endswith(("_adapter", "_rule")):
             binding = MW.bind_adapter(self.loop, self.ctx.device)
         self.timer = timer = LMTimer(self.ctx.device)
         if cell == "ar_adapter":  # one graph for the whole LM step
@@ -432,12 +449,19 @@ WORKLOAD = Workload(
             help="the seeded wake schedule (moshi_wake.Schedule): the paper's Listen or "
             "Speak policy, calibrated",
         ),
+        "--rule-threshold": dict(
+            type=float,
+            default=0.0,
+            help="the sanity arm's confidence threshold (w16_rule; the paper's is 0.80, "
+            "which a random model's ~1/vocabulary probabilities never reach)",
+        ),
     },
-    measure_flags=("tiny", "policy"),
+    measure_flags=("tiny", "policy", "rule_threshold"),
     doc_keys=("moshi", "model"),
     settings=lambda args: {
         "tiny": args.tiny,
         "policy": args.policy,
+        "rule_threshold": args.rule_threshold,
         "lm_dtype": "bfloat16",
         "mimi_dtype": "float32",
         "batch": 1,
