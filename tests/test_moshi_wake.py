@@ -248,3 +248,29 @@ def test_the_shipped_wake_contract_is_contract_text_at_the_7b_shape() -> None:
     shipped = (Path(__file__).parents[1] / "contracts" / "moshi_wake.clock").read_text()
     assert shipped.endswith(MW.contract_text(MW.SHAPE_7B))
     assert MW.SHAPE_7B.ring == MW.SHAPE_7B.context + 2 * MW.SHAPE_7B.window - 2
+
+
+def test_a_rewind_follows_a_restarted_stream() -> None:
+    """Rewind collects the streaming counters once per stream: after the stream is
+    stopped and started again (new state objects) it moves the new ones, not the old."""
+    _, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
+    lm = lm_gen.lm_model
+    lm.streaming_forever(1)
+    rewind = MW.Rewind(lm.transformer)
+    rewind(0, 5)
+    old = lm.transformer._streaming_state
+    lm._stop_streaming()
+    lm.streaming_forever(1)
+    assert lm.transformer._streaming_state is not old
+    with torch.no_grad():
+        lm.forward_text(torch.zeros(1, lm.num_codebooks, 3, dtype=torch.long))
+    assert committed(_Loop(lm)) == {3}
+    rewind(2, 1)
+    assert committed(_Loop(lm)) == {1}
+
+
+class _Loop:
+    """What ``committed`` reads of a loop: its LM."""
+
+    def __init__(self, lm) -> None:
+        self.lm = lm

@@ -13,7 +13,7 @@ codebooks come from the vendor's ``LMGen.depformer_step`` (autoregressive per fr
 unchanged) at the tick that plays the frame, so a wake costs one backbone call and a
 draft a revision discards costs no depformer step. Then the ring KV is rewound by
 ``W - 1``: the masked entries lie past the
-committed end and the next wake overwrites them (``rewind``: every ``RingKVCache``'s
+committed end and the next wake overwrites them (``Rewind``: every ``RingKVCache``'s
 ``end_offset``, each attention's ``offset``/``offset_cpu``, each layer's
 ``offset_cpu`` and the transformer's ``offsets``; no copy). Frames are played one per
 tick; played frames are never rewritten (the next wake writes past the current tick).
@@ -143,28 +143,45 @@ def widen_rings(transformer: Any, extra: int) -> int:
     return widened
 
 
-def rewind(transformer: Any, n: int, committed: int) -> None:
-    """Move the committed end of ``transformer``'s streaming state back by ``n``
+class Rewind:
+    """Moves the committed end of ``transformer``'s streaming state back by ``n``
     positions, to ``committed``: the entries a call wrote past it are overwritten by the
-    next call. The device counters move by ``n`` (a replayed call advanced them as the
-    eager one did); the host ones (``offset_cpu``, which a replay does not run Python to
-    advance, and which the backbone's computation does not read) are set to
-    ``committed``."""
-    from moshi.modules.transformer import RingKVCache
+    next call. The device counters (the transformer's RoPE ``offsets``, each attention's
+    ``offset``, each ``RingKVCache``'s ``end_offset``) move by ``n`` in one fused
+    subtraction (a replayed call advanced them as the eager one did); the host ones
+    (``offset_cpu``, which a replay does not run Python to advance, and which the
+    backbone's computation does not read) are set to ``committed``. The counters are
+    collected once per stream (a wake would otherwise walk every module) and again when
+    the transformer's streaming state is replaced."""
 
-    for module in transformer.modules():
-        state = getattr(module, "_streaming_state", None)
-        if state is None:
-            continue
-        if hasattr(state, "offsets"):  # _TransformerState: RoPE positions
-            state.offsets.sub_(n)
-        if hasattr(state, "offset") and isinstance(state.offset, torch.Tensor):
-            state.offset.sub_(n)  # _MHAState
-        if hasattr(state, "offset_cpu"):
-            state.offset_cpu = committed  # _MHAState and _LayerState
-        cache = getattr(state, "kv_cache", None)
-        if isinstance(cache, RingKVCache):
-            cache.end_offset.sub_(n)
+    def __init__(self, transformer: Any) -> None:
+        self.transformer, self.stream = transformer, None
+
+    def _collect(self) -> None:
+        from moshi.modules.transformer import RingKVCache
+
+        self.device, self.host = [], []
+        for module in self.transformer.modules():
+            state = getattr(module, "_streaming_state", None)
+            if state is None:
+                continue
+            if hasattr(state, "offsets"):  # _TransformerState: RoPE positions
+                self.device.append(state.offsets)
+            if isinstance(getattr(state, "offset", None), torch.Tensor):
+                self.device.append(state.offset)  # _MHAState
+            if hasattr(state, "offset_cpu"):
+                self.host.append(state)  # _MHAState and _LayerState
+            cache = getattr(state, "kv_cache", None)
+            if isinstance(cache, RingKVCache):
+                self.device.append(cache.end_offset)
+        self.stream = self.transformer._streaming_state
+
+    def __call__(self, n: int, committed: int) -> None:
+        if self.stream is not self.transformer._streaming_state:  # a new stream
+            self._collect()
+        torch._foreach_sub_(self.device, n)
+        for state in self.host:
+            state.offset_cpu = committed
 
 
 @dataclass(frozen=True)
@@ -275,6 +292,7 @@ class RollingWakes:
         )
         self.initial = lm._get_initial_token()
         self.gate = add_gated_lora(lm.transformer, self.seed) if self.window > 1 else Gate()
+        self.rewind = Rewind(lm.transformer)
         if self.window == 1:  # LMGen's own wrappers (LMGen._init_streaming_state)
             from moshi.utils.compile import CUDAGraphed
 
@@ -347,7 +365,7 @@ class RollingWakes:
             # every drafted frame is played (or discarded) before it
             self.drafts[t + h] = (text, out[:, at(h) : at(h) + 1])
         if W > 1:
-            rewind(lm.transformer, W - 1, t + 1)
+            self.rewind(W - 1, t + 1)
         self.fed, self.left = t + 1, k
         self.wakes.append(Wake(t, c, r, k))
 
