@@ -166,6 +166,7 @@ class DiffuplexRun:
         if not os.environ.get(COMPILE_ENV):
             raise RuntimeError(f"{COMPILE_ENV} is not set: torch.compile would differ by cell")
         self.ctx, self.model, self.loop = ctx, None, None
+        self.timer: LMTimer | None = None  # set up with the cell (setup)
         self.window = window_of(ctx.cell.name)
         ctx.result["moshi"] = moshi_workload.installed_version()
         self.inputs = iter(moshi_workload.pcm_stream(ctx.args.seed, ctx.n_steps))
@@ -232,7 +233,7 @@ class DiffuplexRun:
         return {"tokens": toks[0] if toks else None, "pcm": outs[0] if outs else None}
 
     def after(self, phase: str) -> None:
-        if hasattr(self, "timer"):
+        if self.timer is not None:  # build's end comes before setup
             self.timer.close(phase)
 
     def finish(self, result: dict) -> None:
