@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import Cell, WorkerContext, Workload, main
+from bench.harness import Cell, WorkerContext, Workload, main, replay
 from bench.harness.document import ok_results
 from bench.moshi import COMPILE_ENV, VENDOR_GRAPH_ENV
 from bench.moshi import WORKLOAD as AR_WORKLOAD
@@ -297,12 +297,6 @@ def frames_per_wake(doc: dict, cell: str) -> float | None:
     return sum(w[3] for w in wakes) / len(wakes) if wakes else None
 
 
-def _misses(record: dict | None) -> int:
-    """Calls that ran eager, over every callable of a worker's whole run (warm-up too)."""
-    callables = (record or {}).get("callables") or {}
-    return sum(sum((c.get("misses") or {}).values()) for c in callables.values())
-
-
 def replay_checks(doc: dict) -> dict:
     """Per graphed wake cell: its bytes equal its eager cell's (the harness's exact), its
     decisions too, every call replayed (none eager, warm-up included), and the catalog
@@ -313,7 +307,7 @@ def replay_checks(doc: dict) -> dict:
         if not _ok(doc, cell):
             continue
         pairs = list(zip(_ok(doc, cell), _ok(doc, eager)))
-        first = _ok(doc, cell)[0].get("replay") or {}
+        counts = replay.summary(_ok(doc, cell)) or {}  # the harness's, over every phase
         met = {
             q
             for r in _ok(doc, eager)
@@ -324,9 +318,9 @@ def replay_checks(doc: dict) -> dict:
         out[cell] = {
             "bytes_equal": doc["cells"].get(cell, {}).get("exact"),
             "decisions_equal": bool(pairs) and all(a["wakes"] == b["wakes"] for a, b in pairs),
-            "eager_calls": sum(_misses(r.get("replay")) for r in _ok(doc, cell)),
+            "eager_calls": sum((counts.get("misses") or {}).values()),
             "classes_captured": {
-                n: c.get("captured_classes") for n, c in (first.get("callables") or {}).items()
+                n: c["captured_classes"] for n, c in (counts.get("callables") or {}).items()
             },
             "query_lengths_met": sorted(int(q) for q in met),
         }
@@ -440,10 +434,10 @@ WORKLOAD = Workload(
         "out": "bench/results/diffuplex_quick",
         "worker_timeout": 300.0,
     },
-    base_env={COMPILE_ENV: "1"},
-    determinism=moshi_workload.DETERMINISM,
+    base_env=AR_WORKLOAD.base_env,
+    determinism=AR_WORKLOAD.determinism,
     flags={
-        "--tiny": dict(action="store_true", help="the tiny LM instead of FULL_7B"),
+        "--tiny": AR_WORKLOAD.flags["--tiny"],
         "--policy": dict(
             default="listen",
             choices=["listen", "speak"],

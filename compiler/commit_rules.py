@@ -17,8 +17,8 @@ the amounts go to ``Checked.commit_amounts`` for the analysis.
 from __future__ import annotations
 
 from duplexcadence.compiler.control_rules import MAX_CONTROL_VALUES
-from duplexcadence.compiler.counter_advance import AdvanceError, amounts_of
-from duplexcadence.compiler.evaluate import EvalError, Value, evaluate
+from duplexcadence.compiler.counter_advance import AdvanceError, amount_at, amounts_of
+from duplexcadence.compiler.evaluate import EvalError
 from duplexcadence.compiler.extents import AmountSet
 from duplexcadence.dsl import ir
 
@@ -120,19 +120,19 @@ class CommitRules:
         amounts = set()
         for v in range(low, high + 1):
             try:
-                got = evaluate(
-                    c.amount, self.out.consts, clocks=self.clocks, names={name: Value(v, None)}
+                got = amount_at(
+                    c.amount, self.out.consts, {name: v}, "commits", "CLK053", self.clocks
                 )
             except EvalError as e:
                 if e.code is not None:
                     self.err(e.code, e.message, e.span)
                 return
-            if got.unit is not None or got.value < 1:
+            if got < 1:
                 self.err(
                     "CLK053",
-                    f"{where} by {got.show()} at {name} = {v}: at least 1 entry, a plain integer",
+                    f"{where} by {got} at {name} = {v}: at least 1 entry, a plain integer",
                     c.amount.span,
                 )
                 return
-            amounts.add(got.value)
+            amounts.add(got)
         self.out.commit_amounts[(k.name, c.region)] = AmountSet.of(amounts)

@@ -79,7 +79,7 @@ def amounts_of(
 
     variables = sorted(names_in(e) - set(consts) - clocks)
     if not variables:
-        return Amounts(None, constant=_amount(e, consts, {}, verb, code, clocks))
+        return Amounts(None, constant=amount_at(e, consts, {}, verb, code, clocks))
     for name in variables:
         if not config_values(k, name):
             raise AdvanceError(f"{verb} by '{name}', which is no config variable of the callable")
@@ -95,11 +95,11 @@ def amounts_of(
     if any(not isinstance(v, int) or isinstance(v, bool) for v in values):
         raise AdvanceError(f"{verb} by '{by}', whose values are not all integers")
     return Amounts(
-        by, per_value=tuple((v, _amount(e, consts, {by: v}, verb, code, clocks)) for v in values)
+        by, per_value=tuple((v, amount_at(e, consts, {by: v}, verb, code, clocks)) for v in values)
     )
 
 
-def _amount(
+def amount_at(
     e: ir.Expr,
     consts: Mapping[str, Value],
     names: Mapping[str, int],
