@@ -12,11 +12,16 @@ A tick's time is what bounds sessions per GPU: with ticks of T ms every frame is
 within 2T (it waits for the tick in progress, then runs in the next), so the 160 ms
 deadline of an 80 ms cadence holds while T <= 80 ms minus the gather window.
 ``--rows-off`` binds with no per-row op (every kernel batched whole): not exact, the
-floor that says what running the contract's ``rows`` one session at a time costs."""
+floor that says what running the contract's ``rows`` one session at a time costs.
+``--row-streams K`` runs each per-row op's blocks on K side streams (0: one after the
+other; runtime/engine/per_row.py). ``outputs_sha256`` hashes every tick's token IDs and
+float32 PCM, every row: two processes at one width that differ only in how the per-row
+blocks are scheduled must give the same hash (the same kernels on the same shapes)."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -40,13 +45,15 @@ def width_ticks(
     server.pool.shut_down()  # the ticks are driven here, every slot in
     frames = [torch.cat(W.pcm_stream(1000 + r, warmup + ticks)) for r in range(width)]
     frames = torch.stack(frames, 1).to(device)  # [frame, width, 1, 1920]: a tick's rows
-    walls = []
+    walls, outputs = [], hashlib.sha256()
     for f in range(warmup + ticks):
         if f == warmup:
             server.stage_ms = []
         t = time.perf_counter()
-        server.tick(frames[f])
+        out = server.tick(frames[f])
         walls.append((time.perf_counter() - t) * 1e3)
+        outputs.update(out["tokens"].numpy().tobytes())
+        outputs.update(out["pcm"].numpy().tobytes())
     stages = list(zip(*server.stage_ms))
     replay = {k: (c["hits"], c["misses"]) for k, c in server.binding.stats()["callables"].items()}
     row = {
@@ -60,6 +67,8 @@ def width_ticks(
         },
         "ms_per_session": round(statistics.median(walls[warmup:]) / width, 2),
         "replay_hits_misses": replay,
+        "row_streams": len(server.binding.row_streams),
+        "outputs_sha256": outputs.hexdigest(),
     }
     server.binding.unbind()
     del server
@@ -76,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ticks", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rows-off", action="store_true", help="no per-row ops (inexact floor)")
+    p.add_argument(
+        "--row-streams", type=int, help="side streams for per-row blocks (default: the runtime's)"
+    )
     p.add_argument("--tiny-cpu", action="store_true", help="a dry run: the tiny LM on the CPU")
     p.add_argument("--out", help="JSON path (default: stdout only)")
     args = p.parse_args(argv)
@@ -83,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from duplexcadence.runtime.serving.declared import BatchDecl
 
         BatchDecl.row_ops = lambda self: {}  # every kernel batched whole
+    if args.row_streams is not None:
+        from duplexcadence.runtime.engine import per_row
+
+        per_row.ROW_STREAMS = args.row_streams
     if not (args.tiny_cpu or torch.cuda.is_available()):
         print("bench.lockstep_ticks: needs a CUDA device (or --tiny-cpu)", file=sys.stderr)
         return 2

@@ -185,3 +185,54 @@ def test_batch_axis_and_width():
     assert batch_axis((2, 8), (8,), 4) is None
     with pytest.raises(ValueError, match="at least 2"):
         prove_rows(RowWise(), lambda: None, lambda: None, 1)
+
+
+def test_per_row_side_streams_leave_cpu_calls_inline():
+    # streams are a CUDA matter: a CPU call with streams given runs its blocks inline
+    lin = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(4, 1, 8, generator=torch.Generator().manual_seed(5))
+    per_row = PerRow({"aten.mm.default"}, 4, weight_storages(lin), streams=["unused"])
+    with per_row:
+        got = lin(x)
+    assert per_row.calls == 1
+    assert torch.equal(got, torch.cat([lin(x[r : r + 1]) for r in range(4)]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_per_row_blocks_on_side_streams_give_the_inline_bits_eager_and_in_a_graph():
+    # the blocks of one op on 3 side streams (width 8: streams reused round-robin) are
+    # the same calls as inline, so the same bits; captured, they are parallel branches
+    # that the capturing stream joins before the results are read
+    g = torch.Generator(device="cuda").manual_seed(6)
+    lin = torch.nn.Linear(512, 512, device="cuda")
+    x = torch.randn(8, 3, 512, device="cuda", generator=g)
+    ops = {"aten.addmm.default", "aten.mm.default", "aten.mean.dim"}
+    streams = [torch.cuda.Stream() for _ in range(3)]
+
+    def f(v: torch.Tensor) -> torch.Tensor:
+        return lin(v).square().mean(dim=2, keepdim=True) * v
+
+    with torch.inference_mode():
+        with PerRow(ops, 8, weight_storages(lin)):
+            inline = f(x)
+        with PerRow(ops, 8, weight_storages(lin), streams) as per_row:
+            branched = f(x)
+        assert per_row.calls == 2 and torch.equal(branched, inline)
+        static = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            with PerRow(ops, 8, weight_storages(lin), streams):
+                f(static)  # warm-up on the capture stream's side, as a binding does
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            with PerRow(ops, 8, weight_storages(lin), streams):
+                out = f(static)
+        static.copy_(torch.randn(8, 3, 512, device="cuda", generator=g))
+        graph.replay()
+        with PerRow(ops, 8, weight_storages(lin)):
+            expected = f(static)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)

@@ -12,14 +12,25 @@ GEMM then reads its weights W/N times a call, not W times. A batched binding
 (``bind(batch=W)``) runs its callables' declared ``rows`` ops this way in eager calls,
 warm-up and capture, so the captured graph holds the per-row kernels and replays them
 with no Python.
+
+On CUDA the blocks of one op may run on side streams (``streams``): each block's kernel
+is the same call on the same shapes (the same bits), but the blocks no longer wait for
+each other, so a captured graph holds them as parallel branches. A per-row kernel is
+small (RMSNorm's mean of one row is one thread block), and W of them in a chain leave
+the GPU idle between launches; as branches they overlap. The streams wait for the
+current stream before the first block and it waits for them before the results are
+joined, so nothing outside the op sees the fork.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# side streams a batched binding on CUDA gives its per-row blocks (0: inline)
+ROW_STREAMS = 8
 
 
 class PerRow(TorchDispatchMode):
@@ -38,6 +49,7 @@ class PerRow(TorchDispatchMode):
         ops: Mapping[str, int] | set[str] | frozenset[str],
         width: int,
         weights: set[int] = frozenset(),
+        streams: Sequence[torch.cuda.Stream] = (),
     ) -> None:
         super().__init__()
         if width < 1:
@@ -47,6 +59,7 @@ class PerRow(TorchDispatchMode):
         if bad:
             raise ValueError(f"PerRow: blocks {bad} must be >= 1 and divide the width {width}")
         self.blocks, self.width, self.weights = blocks, width, weights
+        self.streams = list(streams)  # side streams for the blocks of one op; [] inline
         self.calls = 0  # ops run in blocks
 
     @property
@@ -92,13 +105,33 @@ class PerRow(TorchDispatchMode):
         split = [self._split(a, axis, extent) for a in args]
         self.calls += 1
         n = extent // self.width * block  # elements of one block on the axis
-        parts = []
-        for start in range(0, extent, n):
-            block_args = [a.narrow(axis, start, n) if s else a for a, s in zip(args, split)]
-            parts.append(func(*block_args, **kwargs))
+        calls = [
+            [a.narrow(axis, start, n) if s else a for a, s in zip(args, split)]
+            for start in range(0, extent, n)
+        ]
+        parts = self._run_blocks(func, calls, kwargs, args)
         if not all(isinstance(t, torch.Tensor) for t in parts):
             raise TypeError(f"PerRow: {func} returns no tensor; it cannot run per row")
         return torch.cat(parts, dim=axis)
+
+    def _run_blocks(self, func: Any, calls: list[list], kwargs: dict, args: tuple) -> list:
+        """Each block's call, inline or round-robin on the side streams (module
+        docstring): the streams join the current stream's work first, and it waits for
+        them before anything reads the parts."""
+        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        if not self.streams or not on_cuda or len(calls) == 1:
+            return [func(*block_args, **kwargs) for block_args in calls]
+        main = torch.cuda.current_stream()
+        used = self.streams[: len(calls)]
+        for s in used:
+            s.wait_stream(main)
+        parts = []
+        for i, block_args in enumerate(calls):
+            with torch.cuda.stream(used[i % len(used)]):
+                parts.append(func(*block_args, **kwargs))
+        for s in used:
+            main.wait_stream(s)
+        return parts
 
 
 _COMPOSITE: dict[Any, bool] = {}

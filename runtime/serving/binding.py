@@ -74,6 +74,7 @@ class Binding:
         # never splits (the model's weights), found once at bind
         self.batch = 1
         self.row_weights: set[int] = set()
+        self.row_streams: list = []  # CUDA side streams for per-row blocks (per_row.py)
         self.site_rebinds = 0
         # eager sections' waits for the eager lock (a capture holds it for its catalog):
         # how long sessions' eager steps queued behind captures and each other

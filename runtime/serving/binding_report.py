@@ -69,6 +69,7 @@ def binding_report(b: Binding, width: int = 120) -> str:
         lines.append(
             f"  lockstep: {batch['width']} sessions per call (declared widths "
             f"{', '.join(map(str, batch['widths']))}); ops per row: {rows}"
+            + (f" (blocks on {batch['row_streams']} side streams)" if batch["row_streams"] else "")
         )
     params = _params_stats(b)
     if params is not None:
@@ -114,6 +115,7 @@ def _batch_stats(b: Binding) -> dict | None:
         "width": b.batch,
         "widths": list(b.decl.batch_widths),
         "rows": {k.name: k.batch.rows_shown() for k in b.decl.callables if k.batch is not None},
+        "row_streams": len(b.row_streams),
     }
 
 

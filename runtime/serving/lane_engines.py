@@ -115,7 +115,7 @@ class LaneEngines:
                 if rows:
                     # the ops no proof found batch-invariant, one session at a time; a
                     # capture records the per-row kernels, so replay runs them so too
-                    with PerRow(rows, b.batch, b.row_weights):
+                    with PerRow(rows, b.batch, b.row_weights, b.row_streams):
                         result = stock(*args, **kwargs)
                 else:
                     result = stock(*args, **kwargs)
