@@ -76,9 +76,7 @@ def test_a_row_op_may_run_on_blocks_of_sessions():
     assert "rows {aten.mean.dim, aten.mm.default by 8}" in print_contract(contract)
     assert parse(print_contract(contract))[0].model_dump() == contract.model_dump()
     result = check_source(text, "small.clock")
-    assert "per row: aten.mean.dim, aten.mm.default by 8" in catalog_and_session(
-        result.analysis, 0
-    )
+    assert "per row: aten.mean.dim, aten.mm.default by 8" in catalog_and_session(result.analysis, 0)
     result = compile_source(text, "small.clock")
     assert 'rows=("aten.mean.dim", "aten.mm.default"), blocks=(1, 8)' in result.files["contract.py"]
     name, _ = import_package(result.files)

@@ -146,9 +146,7 @@ def test_a_counter_advances_by_the_replayed_class_s_amount() -> None:
     engine = ExactShapeReplay(
         body,
         name="verify",
-        classes=[
-            CaptureClass(f"w={w}", (TensorSpec((1, w), torch.float32),)) for w in (1, 2, 3)
-        ],
+        classes=[CaptureClass(f"w={w}", (TensorSpec((1, w), torch.float32),)) for w in (1, 2, 3)],
         regions={},
         declared_effect=Effect.NONE,
         device="cpu",

@@ -134,8 +134,7 @@ def test_capture_names_both_values_before_any_replay():
     assert eng.rejected == "stale_host_value" and eng.backend.replays == 0
     text = eng.rejected_detail
     assert (
-        f"argument 0: {at_capture} at capture, {at_capture - 3} in the eager call before it"
-        in text
+        f"argument 0: {at_capture} at capture, {at_capture - 3} in the eager call before it" in text
     ), text
     with torch.no_grad():
         eng(x_of(0))

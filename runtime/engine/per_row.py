@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # side streams a batched binding on CUDA gives its per-row blocks (0: inline)
-ROW_STREAMS = 8
+ROW_STREAMS = 16
 
 
 class PerRow(TorchDispatchMode):
