@@ -226,7 +226,11 @@ class LockstepSessions:
         s.pool_session.close()
 
     def stats(self) -> dict:
-        return {**replay.sessions_record(self.binding), "lockstep": self.pool.stats()}
+        return {
+            **replay.sessions_record(self.binding),
+            "lockstep": self.pool.stats(),
+            "lockstep_timeline": self.pool.timeline,
+        }
 
 
 def server(arm: Arm, device: Any) -> Any:

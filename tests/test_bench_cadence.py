@@ -245,6 +245,43 @@ def test_sessions_are_no_result_against_references_that_move(monkeypatch, tmp_pa
     assert "did not reproduce" in doc["arms"]["stock_inproc"]["exact_note"]
 
 
+def test_a_failed_second_solo_run_leaves_the_references_unchecked(monkeypatch, tmp_path):
+    """A second solo run that fails (out of memory beside the other reference processes,
+    as on an 80 GB card) says nothing about whether the references move: unchecked, not
+    "did not reproduce", and the sessions are still compared with the references."""
+
+    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
+        seen: set = set()
+
+        def run(g: list) -> dict:
+            again = bool(seen & set(g))
+            seen.update(g)
+            if again:
+                return {"status": "error", "error": "OutOfMemoryError: CUDA out of memory"}
+            return {
+                "status": "ok",
+                "setup_s": 1.0,
+                "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
+                "peak_mib": None,
+                "hashes": {str(i): {"pcm_sha256": "h"} for i in g},
+            }
+
+        return [run(g) for g in groups]
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    args = cli.parse_args(
+        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", "2",
+         "--duration", "1", "--references", "2", "--out", str(tmp_path / "s")]
+    )  # fmt: skip
+    args.arm_n = {"stock_inproc": [2]}
+    run = sweep.Sweep(fake_sessions.SESSIONS, args, None, sweep.GpuSampler(99))
+    run.sweep()
+    doc = run.write(complete=True)
+    assert doc["reference_reproducible"] is None
+    assert "exact_note" not in doc["arms"]["stock_inproc"]
+    assert any(s["arm"] == "reference repeat" for s in doc["skipped"])
+
+
 def test_a_small_sweep_of_real_workers(tmp_path):
     out = tmp_path / "sessions_fake"
     argv = [

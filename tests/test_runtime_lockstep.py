@@ -178,6 +178,28 @@ def test_without_hold_a_tick_waits_for_every_open_session():
     assert pool.stats()["ticks"] == 1
 
 
+def test_a_pool_counts_where_a_tick_cycle_goes_and_keeps_a_timeline():
+    # one session alone: each tick has every open session in; a second session opened
+    # but silent makes the next ticks partial (the clock starts them), each held
+    _, pool = pool_of(period_s=0.03)
+    a = pool.open()
+    for x in inputs(3, 2):
+        a.step(x)
+    pool.open()
+    a.step(inputs(3, 3)[2])
+    s = pool.stats()
+    assert (s["ticks"], s["partial_ticks"], s["opened"]) == (3, 1, 2)
+    assert s["holds"] >= 1 and s["reset_s"] > 0 and s["max_tick_s"] > 0
+    assert [r[3] for r in pool.timeline] == [1, 1, 1] and [r[4] for r in pool.timeline] == [
+        False,
+        False,
+        True,
+    ]
+    assert pool.timeline[0][2] == 0.0 and pool.timeline[2][2] > 0  # gap: after the first
+    assert s["gap_s"] == pytest.approx(sum(r[2] for r in pool.timeline) / 1e3, abs=1e-3)
+    pool.shut_down()
+
+
 def test_bad_input_a_full_pool_and_a_closed_session_are_clear_errors():
     _, pool = pool_of(width=4)
     sessions = [pool.open() for _ in range(4)]

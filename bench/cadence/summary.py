@@ -65,15 +65,24 @@ def pool_counters(results: Sequence[dict]) -> dict:
     ticks = [((r.get("server") or {}).get("lockstep") or {}) for r in results]
     ticks = [t for t in ticks if t]
     if ticks:  # a lockstep arm: one batched call per tick for its sessions
+        n = max(1, sum(t["ticks"] for t in ticks))
+        total = lambda key: sum(t.get(key, 0) for t in ticks)  # noqa: E731
+        longest = lambda key: _f(1e3 * max(t.get(key, 0.0) for t in ticks))  # noqa: E731
         return {
             "lockstep_width": max(t["width"] for t in ticks),
-            "ticks": sum(t["ticks"] for t in ticks),
-            "rows_per_tick": _f(
-                sum(t["rows"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))
-            ),
-            "tick_ms_mean": _f(
-                1e3 * sum(t["tick_s"] for t in ticks) / max(1, sum(t["ticks"] for t in ticks))
-            ),
+            "ticks": total("ticks"),
+            "rows_per_tick": _f(total("rows") / n),
+            "tick_ms_mean": _f(1e3 * total("tick_s") / n),
+            # where a tick cycle's time goes besides the tick: waiting for sessions or
+            # the beat (gap), ticks the beat started without every session, the longest
+            # stall, row masks (hold) and slot resets
+            "gap_ms_mean": _f(1e3 * total("gap_s") / n),
+            "partial_ticks": total("partial_ticks"),
+            "max_tick_ms": longest("max_tick_s"),
+            "max_gap_ms": longest("max_gap_s"),
+            "holds": total("holds"),
+            "hold_s": _f(total("hold_s")),
+            "reset_s": _f(total("reset_s")),
         }
     pools = [((r.get("server") or {}).get("sessions") or {}) for r in results]
     pools = [p for p in pools if p]

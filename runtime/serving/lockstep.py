@@ -45,6 +45,8 @@ from typing import Any, Callable
 
 import torch
 
+TIMELINE = 2000  # ticks a pool keeps in its timeline
+
 
 class PoolFull(RuntimeError):
     """Every slot of the pool holds a session."""
@@ -122,7 +124,19 @@ class LockstepPool:
         self._template: torch.Tensor | None = None  # a row's shape, dtype and device
         self._held: torch.Tensor | None = None  # the rows the model runs (hold's mask)
         self._closed = False
-        self.counters = {"ticks": 0, "rows": 0, "parked": 0, "opened": 0, "tick_s": 0.0}
+        self._tick_end: float | None = None  # when the last tick ended (gap_s)
+        self._t0 = time.perf_counter()
+        # the first TIMELINE ticks: (start s since the pool, tick ms, gap ms, rows,
+        # partial): where a stall came from, when a run falls behind
+        self.timeline: list[tuple[float, float, float, int, bool]] = []
+        # ticks: started with every open session in, or by the clock/gather window
+        # (partial); gap_s: from one tick's end to the next one's start (the ticker
+        # waiting for sessions or the beat); hold_s/reset_s: the model's row masks
+        self.counters = {
+            "ticks": 0, "partial_ticks": 0, "rows": 0, "parked": 0, "opened": 0,
+            "tick_s": 0.0, "max_tick_s": 0.0, "gap_s": 0.0, "max_gap_s": 0.0,
+            "holds": 0, "hold_s": 0.0, "reset_s": 0.0,
+        }  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="lockstep-ticks", daemon=True)
         self._thread.start()
 
@@ -140,8 +154,10 @@ class LockstepPool:
         if self._reset is not None:
             mask = self._mask([session.slot])
             with self._gpu:
+                t = time.perf_counter()
                 self._reset(mask)
                 self._held = None  # a reset may turn its row back on (Moshi's does)
+                self.counters["reset_s"] += time.perf_counter() - t
         self.counters["opened"] += 1
         return session
 
@@ -235,12 +251,17 @@ class LockstepPool:
                         p.error = RuntimeError("lockstep pool shut down")
                         p.done.set()
                     return
+                partial = not set(self._sessions) <= set(self._pending)
                 batch, self._pending, self._first_in = self._pending, {}, None
                 self._next_beat(time.perf_counter())
-            self._tick(batch)
+            self._tick(batch, partial)
 
-    def _tick(self, batch: dict[int, _Pending]) -> None:
+    def _tick(self, batch: dict[int, _Pending], partial: bool) -> None:
         t = time.perf_counter()
+        c = self.counters
+        gap = 0.0 if self._tick_end is None else t - self._tick_end
+        c["gap_s"] += gap
+        c["max_gap_s"] = max(c["max_gap_s"], gap)
         try:
             rows = [batch[i].row if i in batch else self._template for i in range(self.width)]
             with self._gpu:
@@ -249,6 +270,8 @@ class LockstepPool:
                     if self._held is None or not torch.equal(mask, self._held):
                         self._hold(mask)  # rows off keep their state this tick
                         self._held = mask
+                        c["holds"] += 1
+                        c["hold_s"] += time.perf_counter() - t
                 out = self._step(torch.cat(rows))
                 results = {i: _row(out, i, self.width) for i in batch}
             for i, p in batch.items():
@@ -259,11 +282,18 @@ class LockstepPool:
         finally:
             for p in batch.values():
                 p.done.set()
-        c = self.counters
+        self._tick_end = end = time.perf_counter()
+        if len(self.timeline) < TIMELINE:
+            self.timeline.append(
+                (round(t - self._t0, 4), round(1e3 * (end - t), 2), round(1e3 * gap, 2),
+                 len(batch), partial)
+            )  # fmt: skip
         c["ticks"] += 1
+        c["partial_ticks"] += partial
         c["rows"] += len(batch)
         c["parked"] += self.width - len(batch)
-        c["tick_s"] += time.perf_counter() - t
+        c["tick_s"] += end - t
+        c["max_tick_s"] = max(c["max_tick_s"], end - t)
 
     def stats(self) -> dict:
         c = dict(self.counters)
