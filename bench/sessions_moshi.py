@@ -214,10 +214,19 @@ class LockstepSessions:
         return s
 
     def submit(self, s: _Session, chunk: Chunk) -> dict:
-        out = s.pool_session.step(s.frames[chunk.seq].to(self.device))
+        return self.receive(self.send(s, chunk))[0]
+
+    def send(self, s: _Session, chunk: Chunk) -> Any:
+        """Hand in a frame without waiting for its output (a full-duplex client's audio
+        keeps coming): frames queue per session, served in order (lockstep.py)."""
+        return s.pool_session.submit(s.frames[chunk.seq].to(self.device))
+
+    def receive(self, frame: Any) -> tuple[dict, float]:
+        """A sent frame's outputs (as ``frame_outputs``) and when its tick ended."""
+        out = frame.result()
         if not bool(out["ready"]):
-            return {"tokens": None, "pcm": None}
-        return {"tokens": out["tokens"][0, :, 0], "pcm": out["pcm"]}  # as frame_outputs
+            return {"tokens": None, "pcm": None}, frame.done_at
+        return {"tokens": out["tokens"][0, :, 0], "pcm": out["pcm"]}, frame.done_at
 
     def reset(self, s: _Session) -> None:
         """Moshi is full duplex: a turn does not restart the stream."""

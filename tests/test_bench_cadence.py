@@ -357,6 +357,13 @@ def test_a_small_sweep_of_real_workers(tmp_path):
     assert sorted(tuple(w["sessions"]) for w in workers) == [(0,), (1,)]
     assert len(doc["commands"]) == 2 and sum(bool(r.get("reference")) for r in doc["runs"]) == 1
 
+    # --rerun runs a point the document has again: the new run counts, the old one stays
+    again = more[:-1] + ["--resume", "--rerun"] + argv[argv.index("--duration") :]
+    assert cli.main(again) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    runs = [r for r in doc["runs"] if r["arm"] == "stock_replicas"]
+    assert len(runs) == 2 and doc["per_n"]["stock_replicas"]["2"]["run_s"] == runs[-1]["run_s"]
+
 
 def test_an_arm_of_replicas_splits_its_sessions_over_its_processes():
     replicas = fake_sessions.SESSIONS.arm("stock_replicas")

@@ -84,3 +84,35 @@ def test_lockstep_sessions_equal_solo_stock_whatever_joins_when():
     assert lockstep["width"] == 8 and lockstep["rows"] == sum(len(sp.chunks) for sp in specs)
     assert lockstep["opened"] == 3 and lockstep["parked"] > 5 * lockstep["ticks"]
     assert batched.pool.stats()["open"] == 0
+
+
+def test_chunks_sent_ahead_equal_solo_stock_and_are_timed_by_their_tick():
+    # the cadence client sends each chunk at its arrival time without waiting for the
+    # last one's output (LockstepSessions.send / receive): one session starts a second
+    # late, so its first chunks are all in at once and queue; every session's hashes
+    # still equal its solo stock run, and each latency runs to the end of its tick
+    from bench.cadence.serve import Client
+
+    a, b = trace(SETTINGS, 2)
+    stock = StockSolo(SESSIONS.arm("stock_solo"), torch.device("cpu"), W.TINY_LM_KWARGS)
+    want = {}
+    for sp in (a, b):
+        ref = Client(stock, sp, SESSIONS.streams, time.perf_counter())
+        ref.serve(paced=False)
+        want[sp.index] = ref.hashes.record()
+    batched = LockstepSessions(SESSIONS.arm("moshi_batch8"), torch.device("cpu"), W.TINY_LM_KWARGS)
+    t0 = time.perf_counter()
+    clients = [
+        Client(batched, a, SESSIONS.streams, t0),
+        Client(batched, b, SESSIONS.streams, t0 - 1.0),
+    ]
+    threads = [threading.Thread(target=c.serve) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert [c.error for c in clients] == [None, None]
+    assert {c.spec.index: c.hashes.record() for c in clients} == want
+    late = [row[4] for row in clients[1].rows]
+    assert len(late) == len(b.chunks) and late[0] > 1000.0  # sent a second late, counted
+    assert batched.pool.stats()["open"] == 0

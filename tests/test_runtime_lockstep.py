@@ -178,6 +178,41 @@ def test_without_hold_a_tick_waits_for_every_open_session():
     assert pool.stats()["ticks"] == 1
 
 
+def test_frames_handed_in_ahead_are_served_in_order_one_a_tick_and_exact():
+    # two sessions hand in all their frames at once (a stream that fell behind): each
+    # tick serves the head of every session's queue, so 5 frames take 5 ticks, every
+    # frame its solo bytes in order, and a tick ends no later than the frame's result
+    binding, pool = pool_of(width=4, hold=False)
+    a, b = pool.open(), pool.open()
+    frames_a = [a.submit(x) for x in inputs(31, 5)]
+    frames_b = [b.submit(x) for x in inputs(32, 5)]
+    for got, want in zip([f.result() for f in frames_b], solo(32, 5)):
+        assert torch.equal(got, want)
+    for got, want in zip([f.result() for f in frames_a], solo(31, 5)):
+        assert torch.equal(got, want)
+    assert pool.stats()["ticks"] == 5 and pool.stats()["rows"] == 10
+    assert all(f.done_at >= f.submitted_at for f in frames_a + frames_b)
+    binding.unbind()
+
+
+def test_a_session_ahead_by_max_ahead_waits_and_a_closed_one_loses_its_queue_loudly():
+    # without hold a tick waits for every open session: b never hands in, so a's frames
+    # queue; at max_ahead a's next submit waits and then says why; closing a fails the
+    # frames it queued (never served) instead of dropping them silently
+    binding, pool = pool_of(width=4, hold=False, max_ahead=2, timeout_s=0.3)
+    a, _b = pool.open(), pool.open()
+    queued = [a.submit(x) for x in inputs(33, 2)]
+    with pytest.raises(TimeoutError, match="2 frames unserved"):
+        a.submit(inputs(33, 3)[2])
+    a.close()
+    for frame in queued:
+        with pytest.raises(RuntimeError, match="slot 0 closed"):
+            frame.result()
+    with pytest.raises(ValueError, match="max_ahead"):
+        LockstepPool(2, lambda x: x, max_ahead=0)
+    binding.unbind()
+
+
 def test_a_pool_counts_where_a_tick_cycle_goes_and_keeps_a_timeline():
     # one session alone: each tick has every open session in; a second session opened
     # but silent makes the next ticks partial (the clock starts them), each held

@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int)
     p.add_argument("--out", help="output path without suffix (default: results/sessions_<gpu>)")
     p.add_argument("--resume", action="store_true", help="keep the runs in the JSON at --out")
+    p.add_argument(
+        "--rerun",
+        action="store_true",
+        help="with --resume: run each (arm, N) again where the JSON has it; the new run "
+        "counts, the old one stays in runs",
+    )
     p.add_argument("--quiet-workers", action="store_true")
     p.add_argument("--git-commit")
     for flag in ("--worker", "--unpaced"):

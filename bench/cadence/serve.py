@@ -8,7 +8,11 @@ thread per session opens its session at its arrival time, calls ``reset`` at a t
 that starts with one, and submits each chunk at its arrival time; ``submit`` returns
 when the chunk's output is ready. The latency of a chunk is from its arrival time to
 that return (so a backlog counts), the first packet of a turn is its chunk ``k == 0``.
-Outputs are hashed per session and stream after the latency is taken.
+Outputs are hashed per session and stream after the latency is taken. A server that
+can take a chunk without waiting for its output (``send`` / ``receive``: the lockstep
+pool) gets each chunk at its arrival time whatever the earlier ones' state, as a
+full-duplex client's microphone sends it; the latency is then from the arrival time to
+when the chunk's tick ended, and outputs are hashed in order as they come.
 
 ``--unpaced`` serves the sessions one after another as fast as they go (the solo
 reference runs: bytes must not depend on timing). The worker prints one JSON line:
@@ -22,6 +26,7 @@ import os
 import threading
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +58,37 @@ class Client:
             t = time.perf_counter()
             session = self.server.open(self.spec)
             self.open_ms = (time.perf_counter() - t) * 1e3
-            for chunk in self.spec.chunks:
-                self.chunk(session, chunk, paced)
+            if paced and hasattr(self.server, "send"):
+                self.serve_ahead(session)
+            else:
+                for chunk in self.spec.chunks:
+                    self.chunk(session, chunk, paced)
             self.server.close(session)
         except Exception as e:  # noqa: BLE001 - recorded; the run is then not ok
             self.error = f"session {self.spec.index}: {type(e).__name__}: {e}"
             traceback.print_exc()
+
+    def serve_ahead(self, session: Any) -> None:
+        """Every chunk sent at its arrival time (``server.send``), its output taken
+        (``server.receive``) once it is done, in order: a stream that fell behind has its
+        next chunks in already."""
+        sent: deque = deque()
+        for chunk in self.spec.chunks:
+            self.wait(chunk.arrival_s)
+            if chunk.reset:
+                self.take(sent, until_empty=True)  # a reset starts after what came before
+                self.server.reset(session)
+            sent.append((chunk, self.server.send(session, chunk)))
+            self.take(sent, until_empty=False)
+        self.take(sent, until_empty=True)
+
+    def take(self, sent: deque, until_empty: bool) -> None:
+        while sent and (until_empty or sent[0][1].done.is_set()):
+            chunk, handle = sent.popleft()
+            out, done_at = self.server.receive(handle)
+            latency = (done_at - (self.t0 + chunk.arrival_s)) * 1e3
+            self.rows.append((chunk.session, chunk.turn, chunk.k, chunk.arrival_s, latency))
+            self.hashes.add(out)
 
     def chunk(self, session: Any, chunk: Chunk, paced: bool) -> None:
         self.wait(chunk.arrival_s if paced else None)

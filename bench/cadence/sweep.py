@@ -245,7 +245,7 @@ class Sweep:
         plan = order({a: sorted(ns) for a, ns in self.args.arm_n.items()})
         missed: dict[str, int] = {}
         for arm, n in plan:
-            point = self.done(arm, n)
+            point = None if self.args.rerun else self.done(arm, n)
             if point is None and self.args.stop_at_miss and n > missed.get(arm, n):
                 self.skipped.append(
                     {"arm": arm, "n": n, "why": f"missed the deadline at N={missed[arm]}"}

@@ -8,7 +8,13 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
 * ``session.step(x)`` hands in the session's row (leading extent 1) and blocks until
   the tick that served it has run; it returns the session's row of the tick's outputs
   (every tensor whose leading extent is W, sliced and cloned: the next tick reuses the
-  batched buffers);
+  batched buffers). ``session.submit(x)`` hands it in without waiting and returns a
+  ``LockstepFrame`` (``result()`` waits; ``done_at`` says when its tick ended): a
+  session's frames queue in order, one served per tick, so a stream that fell behind
+  (a stall, the ramp of sessions opening) has its next frame in as soon as a tick ends
+  and catches up while ticks are shorter than its period. A blocking caller can only
+  submit after its thread woke, and with 32 threads that took 10-20 ms a tick on the
+  H200 (bench/results/sessions_moshi_h200.md): the gap that kept 32 sessions behind;
 * a tick runs the user's ``step`` once on the W rows stacked (``torch.cat`` on axis 0):
   the rows of the sessions that are in, and a parked row (zeros) in every other slot;
 * a tick starts when every open session is in, or ``gather_s`` after the first one
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -53,27 +60,52 @@ class PoolFull(RuntimeError):
 
 
 @dataclass
-class _Pending:
+class LockstepFrame:
+    """One session's row handed to the pool, and its result once a tick served it."""
+
     row: torch.Tensor
+    slot: int
+    timeout_s: float
+    submitted_at: float = field(default_factory=time.perf_counter)
+    done_at: float | None = None  # time.perf_counter() when its tick ended
     done: threading.Event = field(default_factory=threading.Event)
     out: Any = None
     error: BaseException | None = None
 
+    def result(self) -> Any:
+        """The session's row of its tick's outputs; waits for the tick."""
+        if not self.done.wait(self.timeout_s):
+            raise TimeoutError(f"lockstep slot {self.slot}: no tick in {self.timeout_s:.0f} s")
+        if self.error is not None:
+            raise RuntimeError(f"lockstep tick failed: {self.error}") from self.error
+        return self.out
+
+    def finish(self, out: Any = None, error: BaseException | None = None) -> None:
+        self.out, self.error, self.done_at = out, error, time.perf_counter()
+        self.done.set()
+
 
 class LockstepSession:
-    """One session on one slot of a ``LockstepPool``; ``step`` from one thread at a time."""
+    """One session on one slot of a ``LockstepPool``; ``step``/``submit`` from one thread
+    at a time (its frames are served in the order they were handed in)."""
 
     def __init__(self, pool: "LockstepPool", slot: int) -> None:
         self.pool, self.slot, self.closed, self.steps = pool, slot, False, 0
 
-    def step(self, x: torch.Tensor) -> Any:
-        """Serve one call of this session (``x``: its row, leading extent 1); returns its
-        row of the outputs once the tick that served it has run."""
+    def submit(self, x: torch.Tensor) -> LockstepFrame:
+        """Hand in one call of this session (``x``: its row, leading extent 1) without
+        waiting; served after the frames it handed in before. Blocks only while
+        ``max_ahead`` of its frames wait unserved."""
         if self.closed:
             raise RuntimeError(f"lockstep session on slot {self.slot} is closed")
-        out = self.pool._submit(self, x)
+        frame = self.pool._submit(self, x)
         self.steps += 1
-        return out
+        return frame
+
+    def step(self, x: torch.Tensor) -> Any:
+        """Serve one call of this session; returns its row of the outputs once the tick
+        that served it has run."""
+        return self.submit(x).result()
 
     def close(self) -> None:
         if not self.closed:
@@ -98,6 +130,7 @@ class LockstepPool:
         gather_s: float = 0.005,
         period_s: float | None = None,
         timeout_s: float = 60.0,
+        max_ahead: int = 8,
     ) -> None:
         if type(width) is not int or width < 1:
             raise ValueError(f"lockstep width must be a positive int, got {width!r}")
@@ -113,14 +146,16 @@ class LockstepPool:
             isinstance(period_s, (int, float)) and 0 < period_s <= timeout_s
         ):
             raise ValueError(f"period_s must be in (0, timeout_s] or None, got {period_s!r}")
+        if type(max_ahead) is not int or max_ahead < 1:
+            raise ValueError(f"max_ahead must be a positive int, got {max_ahead!r}")
         self.gather_s, self.timeout_s = float(gather_s), float(timeout_s)
+        self.max_ahead = max_ahead
         self.period_s = None if period_s is None else float(period_s)
         self._beat: float | None = None  # the clock's next tick (period_s)
         self._cond = threading.Condition()
         self._gpu = threading.Lock()  # a tick or a slot reset, never both
         self._sessions: dict[int, LockstepSession] = {}
-        self._pending: dict[int, _Pending] = {}
-        self._first_in: float | None = None
+        self._queues: dict[int, deque[LockstepFrame]] = {}  # slot: frames not yet served
         self._template: torch.Tensor | None = None  # a row's shape, dtype and device
         self._held: torch.Tensor | None = None  # the rows the model runs (hold's mask)
         self._closed = False
@@ -164,6 +199,8 @@ class LockstepPool:
     def _release(self, session: LockstepSession) -> None:
         with self._cond:
             self._sessions.pop(session.slot, None)
+            for frame in self._queues.pop(session.slot, ()):  # never served: said so
+                frame.finish(error=RuntimeError(f"session on slot {session.slot} closed"))
             self._cond.notify_all()  # a tick waiting for it need not
 
     def shut_down(self) -> None:
@@ -192,42 +229,47 @@ class LockstepPool:
                 f"pool's rows {tuple(t.shape)} {t.dtype} on {t.device}"
             )
 
-    def _submit(self, session: LockstepSession, x: torch.Tensor) -> Any:
+    def _submit(self, session: LockstepSession, x: torch.Tensor) -> LockstepFrame:
         with self._cond:
             self._check_row(x)
+            deadline = time.perf_counter() + self.timeout_s
+            while len(self._queues.get(session.slot, ())) >= self.max_ahead:
+                if self._closed or not self._cond.wait(deadline - time.perf_counter()):
+                    break
             if self._closed:
                 raise RuntimeError("lockstep pool is shut down")
+            if len(self._queues.get(session.slot, ())) >= self.max_ahead:
+                raise TimeoutError(
+                    f"lockstep slot {session.slot}: {self.max_ahead} frames unserved "
+                    f"for {self.timeout_s:.0f} s"
+                )
             if self._template is None:
                 self._template = torch.zeros_like(x)
-            pending = self._pending[session.slot] = _Pending(x)
-            if self._first_in is None:
-                self._first_in = time.perf_counter()
+            frame = LockstepFrame(x, session.slot, self.timeout_s)
+            self._queues.setdefault(session.slot, deque()).append(frame)
             self._cond.notify_all()
-        if not pending.done.wait(self.timeout_s):
-            raise TimeoutError(f"lockstep slot {session.slot}: no tick in {self.timeout_s:.0f} s")
-        if pending.error is not None:
-            raise RuntimeError(f"lockstep tick failed: {pending.error}") from pending.error
-        return pending.out
+        return frame
 
     def _ready(self) -> bool:
         """Whether the tick may start: every open session is in, or the gather window
         has passed and the model can hold the rows that are not."""
-        if not self._pending:
+        if not self._queues:
             return False
-        if set(self._sessions) <= set(self._pending):
+        if set(self._sessions) <= set(self._queues):
             return True
         if self._hold is None:
             return False  # a parked row would advance: wait for every open session
         now = time.perf_counter()
+        first_in = min(q[0].submitted_at for q in self._queues.values())
         if self.period_s is not None:
             if self._beat is None:  # the clock starts with the first frame
-                self._beat = (self._first_in or now) + self.period_s
+                self._beat = first_in + self.period_s
             return now >= self._beat
-        return now - (self._first_in or 0.0) >= self.gather_s
+        return now - first_in >= self.gather_s
 
     def _wait_s(self) -> float | None:
         """How long the ticker sleeps before it looks again (a submission wakes it)."""
-        if not self._pending:
+        if not self._queues:
             return None
         if self.period_s is not None and self._beat is not None:
             return max(0.0, self._beat - time.perf_counter())
@@ -247,16 +289,18 @@ class LockstepPool:
                 while not self._closed and not self._ready():
                     self._cond.wait(self._wait_s())
                 if self._closed:
-                    for p in self._pending.values():
-                        p.error = RuntimeError("lockstep pool shut down")
-                        p.done.set()
+                    for queue in self._queues.values():
+                        for frame in queue:
+                            frame.finish(error=RuntimeError("lockstep pool shut down"))
                     return
-                partial = not set(self._sessions) <= set(self._pending)
-                batch, self._pending, self._first_in = self._pending, {}, None
+                partial = not set(self._sessions) <= set(self._queues)
+                batch = {slot: q.popleft() for slot, q in self._queues.items()}
+                self._queues = {slot: q for slot, q in self._queues.items() if q}
+                self._cond.notify_all()  # a session at max_ahead may hand in one more
                 self._next_beat(time.perf_counter())
             self._tick(batch, partial)
 
-    def _tick(self, batch: dict[int, _Pending], partial: bool) -> None:
+    def _tick(self, batch: dict[int, LockstepFrame], partial: bool) -> None:
         t = time.perf_counter()
         c = self.counters
         gap = 0.0 if self._tick_end is None else t - self._tick_end
@@ -274,14 +318,12 @@ class LockstepPool:
                         c["hold_s"] += time.perf_counter() - t
                 out = self._step(torch.cat(rows))
                 results = {i: _row(out, i, self.width) for i in batch}
-            for i, p in batch.items():
-                p.out = results[i]
         except Exception as e:  # noqa: BLE001 - raised in every session it served
-            for p in batch.values():
-                p.error = e
-        finally:
-            for p in batch.values():
-                p.done.set()
+            for frame in batch.values():
+                frame.finish(error=e)
+        else:
+            for i, frame in batch.items():
+                frame.finish(results[i])
         self._tick_end = end = time.perf_counter()
         if len(self.timeline) < TIMELINE:
             self.timeline.append(
