@@ -157,11 +157,15 @@ class LockstepSessions:
         )
 
     def tick(self, pcm: torch.Tensor) -> dict:
-        """One frame of every slot: encode, LM step, decode the rows with output."""
+        """One frame of every slot: encode, LM step, decode the rows with output. The
+        sessions hand their frames in on the host and the tick copies them to the device
+        at once: one copy a tick from the ticker's thread, not one per session from its
+        client's thread between the tick's launches."""
         from moshi.utils.compile import no_compile
 
         state = self.lm_gen._streaming_state
         marks = self._marks()
+        pcm = pcm.to(self.device)
         with torch.no_grad(), no_compile():
             marks[0].record()
             codes = self.mimi.encode(pcm)
@@ -219,7 +223,7 @@ class LockstepSessions:
     def send(self, s: _Session, chunk: Chunk) -> Any:
         """Hand in a frame without waiting for its output (a full-duplex client's audio
         keeps coming): frames queue per session, served in order (lockstep.py)."""
-        return s.pool_session.submit(s.frames[chunk.seq].to(self.device))
+        return s.pool_session.submit(s.frames[chunk.seq])  # on the host: one copy a tick
 
     def receive(self, frame: Any) -> tuple[dict, float]:
         """A sent frame's outputs (as ``frame_outputs``) and when its tick ended."""
