@@ -213,6 +213,20 @@ def test_a_session_ahead_by_max_ahead_waits_and_a_closed_one_loses_its_queue_lou
     binding.unbind()
 
 
+def test_a_session_behind_gets_ticks_before_the_beat_until_it_caught_up():
+    # a clocked pool (1 s period) with hold: b is on time (no frame yet), a has three
+    # frames queued (it fell behind); a's queue runs ticks back to back, not one a beat
+    binding, pool = pool_of(period_s=1.0)
+    a, _b = pool.open(), pool.open()
+    t = time.perf_counter()
+    frames = [a.submit(x) for x in inputs(34, 3)]
+    for got, want in zip([f.result() for f in frames[:2]], solo(34, 2)):
+        assert torch.equal(got, want)
+    assert time.perf_counter() - t < 0.9  # two frames served before the first beat
+    assert torch.equal(frames[2].result(), solo(34, 3)[2])  # the last one: at the beat
+    binding.unbind()
+
+
 def test_a_pool_counts_where_a_tick_cycle_goes_and_keeps_a_timeline():
     # one session alone: each tick has every open session in; a second session opened
     # but silent makes the next ticks partial (the clock starts them), each held

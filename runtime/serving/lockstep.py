@@ -22,7 +22,9 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
   ``set_exec_mask``, rows off keep their state); the late ones wait for the next tick.
   With ``period_s`` (the model's frame: sessions' frames arrive at their own phases)
   ticks keep a fixed clock instead: a tick starts at the next beat, or earlier once
-  every open session is in. While a tick takes less than a period, a frame submitted
+  every open session is in or one has a second frame queued (it is behind: ticks run
+  back to back until it caught up; on the H100 a backlog from the ramp otherwise kept
+  its 2-5 frames for good, the beat serving one frame a session a period). While a tick takes less than a period, a frame submitted
   before a beat is served at it, so every frame waits at most one period and is done
   within a period plus a tick. (A tick that started when the arrivals allowed moved
   with them, and a session that once missed a tick stayed a frame behind for good: a
@@ -259,6 +261,10 @@ class LockstepPool:
             return True
         if self._hold is None:
             return False  # a parked row would advance: wait for every open session
+        if any(len(q) > 1 for q in self._queues.values()):
+            # a session is behind (its next frame is in already): a tick now, not at the
+            # beat, so it catches up while ticks are shorter than the period
+            return True
         now = time.perf_counter()
         first_in = min(q[0].submitted_at for q in self._queues.values())
         if self.period_s is not None:
