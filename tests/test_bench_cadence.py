@@ -282,6 +282,38 @@ def test_a_failed_second_solo_run_leaves_the_references_unchecked(monkeypatch, t
     assert any(s["arm"] == "reference repeat" for s in doc["skipped"])
 
 
+def test_a_run_keeps_per_step_hashes_only_of_referenced_sessions(monkeypatch, tmp_path):
+    """Whole-stream hashes decide exactness; per-step ones only locate a difference from
+    a reference, so a session without one keeps its whole-stream hashes alone."""
+
+    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
+        def run(g: list) -> dict:
+            return {
+                "status": "ok",
+                "setup_s": 1.0,
+                "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
+                "peak_mib": None,
+                "hashes": {str(i): {"pcm_sha256": "h", "chunk_pcm_sha256": ["a", "b"]} for i in g},
+            }
+
+        return [run(g) for g in groups]
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    args = cli.parse_args(
+        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", "3",
+         "--duration", "1", "--references", "1", "--reference-repeats", "0",
+         "--out", str(tmp_path / "s")]
+    )  # fmt: skip
+    args.arm_n = {"stock_inproc": [3]}
+    run = sweep.Sweep(fake_sessions.SESSIONS, args, None, sweep.GpuSampler(99))
+    run.sweep()
+    doc = run.write(complete=True)
+    hashes = doc["runs"][-1]["workers"][0]["hashes"]
+    assert hashes["0"] == {"pcm_sha256": "h", "chunk_pcm_sha256": ["a", "b"]}
+    assert hashes["1"] == hashes["2"] == {"pcm_sha256": "h"}
+    assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is True
+
+
 def test_a_small_sweep_of_real_workers(tmp_path):
     out = tmp_path / "sessions_fake"
     argv = [
