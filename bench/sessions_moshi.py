@@ -138,11 +138,14 @@ class LockstepSessions:
         W.start_streaming(self.mimi, self.lm_gen, width)
         self.lm_gen.support_out_of_sync = True
         self.device = next(self.mimi.parameters()).device
+        # one exec mask tensor for the rows a tick runs (every streaming state but the
+        # decoder's: holding rows is one copy, where the vendor's set_exec_mask copies
+        # into each module's own mask, ~20 ms a call), and one for the decoder's rows
+        self.run_rows = torch.ones(width, dtype=torch.bool, device=self.device)
         self.decode_rows = torch.ones(width, dtype=torch.bool, device=self.device)
-        for top in (self.mimi.decoder, self.mimi.decoder_transformer, self.mimi.upsample):
-            for m in top.modules():
-                if getattr(m, "_streaming_state", None) is not None:
-                    m._streaming_state.exec_mask = self.decode_rows
+        _share_exec_mask((self.mimi, self.lm_gen), self.run_rows)
+        decoder = (self.mimi.decoder, self.mimi.decoder_transformer, self.mimi.upsample)
+        _share_exec_mask(decoder, self.decode_rows)
         self.binding = W.bind_adapter(self.mimi, self.lm_gen, device, batch=width)
         self.stage_ms: list[tuple[float, float, float]] | None = None  # bench.lockstep_ticks
         # the LM step's first call after bind runs eager (its counter starts at 1): made
@@ -204,9 +207,10 @@ class LockstepSessions:
         state.offset_cpu = ticks
 
     def hold_rows(self, mask: torch.Tensor) -> None:
-        """The rows in ``mask`` run this tick; the others keep their state."""
-        self.mimi.set_exec_mask(mask)
-        self.lm_gen.set_exec_mask(mask)
+        """The rows in ``mask`` run this tick; the others keep their state (what the
+        vendor's ``set_exec_mask`` does, in one copy: the states share ``run_rows``)."""
+        self.run_rows.copy_(mask)
+        self.decode_rows.copy_(mask)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -244,6 +248,18 @@ class LockstepSessions:
             "lockstep": self.pool.stats(),
             "lockstep_timeline": self.pool.timeline,
         }
+
+
+def _share_exec_mask(roots: tuple, mask: torch.Tensor) -> None:
+    """Every streaming state under ``roots`` reads its exec mask from ``mask`` (set
+    before binding: the graphs capture the mask's address)."""
+    for top in roots:
+        for m in top.modules():
+            state = getattr(m, "_streaming_state", None)
+            if state is not None:
+                if state.exec_mask.shape != mask.shape:  # CFG doubles the LM's rows
+                    raise ValueError(f"{type(m).__name__}: exec mask {state.exec_mask.shape}")
+                state.exec_mask = mask
 
 
 def server(arm: Arm, device: Any) -> Any:

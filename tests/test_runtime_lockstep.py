@@ -227,6 +227,21 @@ def test_a_session_behind_gets_ticks_before_the_beat_until_it_caught_up():
     binding.unbind()
 
 
+def test_sessions_opened_between_two_ticks_are_reset_in_one_call():
+    # a ramp: three sessions open before any tick; the first tick resets the three
+    # slots with one call of the model's reset, and each session still gets its solo bytes
+    binding, pool = pool_of(width=4, hold=False)
+    masks: list = []
+    reset = pool._reset
+    pool._reset = lambda mask: (masks.append(mask.tolist()), reset(mask))
+    sessions = [pool.open() for _ in range(3)]
+    frames = [s.submit(inputs(40 + i, 1)[0]) for i, s in enumerate(sessions)]
+    for i, f in enumerate(frames):
+        assert torch.equal(f.result(), solo(40 + i, 1)[0])
+    assert masks == [[True, True, True, False]] and pool.stats()["resets"] == 1
+    binding.unbind()
+
+
 def test_a_pool_counts_where_a_tick_cycle_goes_and_keeps_a_timeline():
     # one session alone: each tick has every open session in; a second session opened
     # but silent makes the next ticks partial (the clock starts them), each held
@@ -237,7 +252,7 @@ def test_a_pool_counts_where_a_tick_cycle_goes_and_keeps_a_timeline():
     pool.open()
     a.step(inputs(3, 3)[2])
     s = pool.stats()
-    assert (s["ticks"], s["partial_ticks"], s["opened"]) == (3, 1, 2)
+    assert (s["ticks"], s["partial_ticks"], s["opened"], s["resets"]) == (3, 1, 2, 2)
     assert s["holds"] >= 1 and s["reset_s"] > 0 and s["max_tick_s"] > 0
     assert [r[3] for r in pool.timeline] == [1, 1, 1] and [r[4] for r in pool.timeline] == [
         False,

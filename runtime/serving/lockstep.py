@@ -33,8 +33,9 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
   Without ``hold`` a parked row would advance its slot's state on the park input, so a
   tick waits for every open session (a slot nobody holds is still parked: its state
   is reset when a session opens on it);
-* ``open()`` takes a free slot and calls ``reset(mask)`` on it (the vendor's
-  ``reset_streaming(reset_mask)``) between ticks; ``close()`` frees it.
+* ``open()`` takes a free slot; the next tick first calls ``reset(mask)`` once for
+  every slot opened since the last (the vendor's ``reset_streaming(reset_mask)``);
+  ``close()`` frees it.
 
 Exactness is the binding's: each tick is the batched graph (or its eager call) of the
 contract's lockstep, whose per-row ops give each row its batch-1 bits; a session's
@@ -158,6 +159,7 @@ class LockstepPool:
         self._gpu = threading.Lock()  # a tick or a slot reset, never both
         self._sessions: dict[int, LockstepSession] = {}
         self._queues: dict[int, deque[LockstepFrame]] = {}  # slot: frames not yet served
+        self._resets: set[int] = set()  # slots opened since the last tick: reset at the next
         self._template: torch.Tensor | None = None  # a row's shape, dtype and device
         self._held: torch.Tensor | None = None  # the rows the model runs (hold's mask)
         self._closed = False
@@ -172,7 +174,7 @@ class LockstepPool:
         self.counters = {
             "ticks": 0, "partial_ticks": 0, "rows": 0, "parked": 0, "opened": 0,
             "tick_s": 0.0, "max_tick_s": 0.0, "gap_s": 0.0, "max_gap_s": 0.0,
-            "holds": 0, "hold_s": 0.0, "reset_s": 0.0,
+            "holds": 0, "hold_s": 0.0, "resets": 0, "reset_s": 0.0,
         }  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="lockstep-ticks", daemon=True)
         self._thread.start()
@@ -188,13 +190,10 @@ class LockstepPool:
                 raise PoolFull(f"all {self.width} slots of the lockstep pool hold a session")
             session = LockstepSession(self, free[0])
             self._sessions[session.slot] = session
-        if self._reset is not None:
-            mask = self._mask([session.slot])
-            with self._gpu:
-                t = time.perf_counter()
-                self._reset(mask)
-                self._held = None  # a reset may turn its row back on (Moshi's does)
-                self.counters["reset_s"] += time.perf_counter() - t
+            if self._reset is not None:
+                # reset at the next tick, with every slot opened since: one reset call
+                # for the sessions of a ramp, not one each (Moshi's walks every module)
+                self._resets.add(session.slot)
         self.counters["opened"] += 1
         return session
 
@@ -315,6 +314,7 @@ class LockstepPool:
         try:
             rows = [batch[i].row if i in batch else self._template for i in range(self.width)]
             with self._gpu:
+                self._reset_opened()
                 if self._hold is not None:
                     mask = self._mask(sorted(batch))
                     if self._held is None or not torch.equal(mask, self._held):
@@ -342,6 +342,18 @@ class LockstepPool:
         c["parked"] += self.width - len(batch)
         c["tick_s"] += end - t
         c["max_tick_s"] = max(c["max_tick_s"], end - t)
+
+    def _reset_opened(self) -> None:
+        """Reset the slots opened since the last tick, in one call (before their first
+        frame: a slot's session hands in only after open() returned)."""
+        with self._cond:
+            slots, self._resets = sorted(self._resets), set()
+        if slots:
+            t = time.perf_counter()
+            self._reset(self._mask(slots))
+            self._held = None  # a reset may turn its rows back on (Moshi's does)
+            self.counters["resets"] += 1
+            self.counters["reset_s"] += time.perf_counter() - t
 
     def stats(self) -> dict:
         c = dict(self.counters)
