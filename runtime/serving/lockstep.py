@@ -55,7 +55,7 @@ from typing import Any, Callable
 
 import torch
 
-TIMELINE = 2000  # ticks a pool keeps in its timeline
+from .tick_log import TickLog
 
 
 class PoolFull(RuntimeError):
@@ -163,19 +163,7 @@ class LockstepPool:
         self._template: torch.Tensor | None = None  # a row's shape, dtype and device
         self._held: torch.Tensor | None = None  # the rows the model runs (hold's mask)
         self._closed = False
-        self._tick_end: float | None = None  # when the last tick ended (gap_s)
-        self._t0 = time.perf_counter()
-        # the first TIMELINE ticks: (start s since the pool, tick ms, gap ms, rows,
-        # partial): where a stall came from, when a run falls behind
-        self.timeline: list[tuple[float, float, float, int, bool]] = []
-        # ticks: started with every open session in, or by the clock/gather window
-        # (partial); gap_s: from one tick's end to the next one's start (the ticker
-        # waiting for sessions or the beat); hold_s/reset_s: the model's row masks
-        self.counters = {
-            "ticks": 0, "partial_ticks": 0, "rows": 0, "parked": 0, "opened": 0,
-            "tick_s": 0.0, "max_tick_s": 0.0, "gap_s": 0.0, "max_gap_s": 0.0,
-            "holds": 0, "hold_s": 0.0, "resets": 0, "reset_s": 0.0,
-        }  # fmt: skip
+        self.log = TickLog(width)  # where the ticks' time goes (tick_log.py)
         self._thread = threading.Thread(target=self._run, name="lockstep-ticks", daemon=True)
         self._thread.start()
 
@@ -194,7 +182,7 @@ class LockstepPool:
                 # reset at the next tick, with every slot opened since: one reset call
                 # for the sessions of a ramp, not one each (Moshi's walks every module)
                 self._resets.add(session.slot)
-        self.counters["opened"] += 1
+        self.log.counters["opened"] += 1
         return session
 
     def _release(self, session: LockstepSession) -> None:
@@ -307,10 +295,6 @@ class LockstepPool:
 
     def _tick(self, batch: dict[int, LockstepFrame], partial: bool) -> None:
         t = time.perf_counter()
-        c = self.counters
-        gap = 0.0 if self._tick_end is None else t - self._tick_end
-        c["gap_s"] += gap
-        c["max_gap_s"] = max(c["max_gap_s"], gap)
         try:
             rows = [batch[i].row if i in batch else self._template for i in range(self.width)]
             with self._gpu:
@@ -318,10 +302,10 @@ class LockstepPool:
                 if self._hold is not None:
                     mask = self._mask(sorted(batch))
                     if self._held is None or not torch.equal(mask, self._held):
+                        held = time.perf_counter()
                         self._hold(mask)  # rows off keep their state this tick
                         self._held = mask
-                        c["holds"] += 1
-                        c["hold_s"] += time.perf_counter() - t
+                        self.log.held(time.perf_counter() - held)
                 out = self._step(torch.cat(rows))
                 results = {i: _row(out, i, self.width) for i in batch}
         except Exception as e:  # noqa: BLE001 - raised in every session it served
@@ -330,18 +314,7 @@ class LockstepPool:
         else:
             for i, frame in batch.items():
                 frame.finish(results[i])
-        self._tick_end = end = time.perf_counter()
-        if len(self.timeline) < TIMELINE:
-            self.timeline.append(
-                (round(t - self._t0, 4), round(1e3 * (end - t), 2), round(1e3 * gap, 2),
-                 len(batch), partial)
-            )  # fmt: skip
-        c["ticks"] += 1
-        c["partial_ticks"] += partial
-        c["rows"] += len(batch)
-        c["parked"] += self.width - len(batch)
-        c["tick_s"] += end - t
-        c["max_tick_s"] = max(c["max_tick_s"], end - t)
+        self.log.tick(t, time.perf_counter(), len(batch), partial)
 
     def _reset_opened(self) -> None:
         """Reset the slots opened since the last tick, in one call (before their first
@@ -352,19 +325,14 @@ class LockstepPool:
             t = time.perf_counter()
             self._reset(self._mask(slots))
             self._held = None  # a reset may turn its rows back on (Moshi's does)
-            self.counters["resets"] += 1
-            self.counters["reset_s"] += time.perf_counter() - t
+            self.log.reset(time.perf_counter() - t)
+
+    @property
+    def timeline(self) -> list[tuple[float, float, float, int, bool]]:
+        return self.log.timeline
 
     def stats(self) -> dict:
-        c = dict(self.counters)
-        ticks = c["ticks"] or 1
-        return {
-            "width": self.width,
-            "open": len(self._sessions),
-            **c,
-            "rows_per_tick": c["rows"] / ticks,
-            "tick_ms_mean": 1e3 * c["tick_s"] / ticks,
-        }
+        return {"width": self.width, "open": len(self._sessions), **self.log.stats()}
 
     def report(self) -> str:
         s = self.stats()
