@@ -29,6 +29,7 @@ import torch
 
 from bench.workloads import moshi as W
 from duplexcadence.runtime.engine.determinism import apply_settings
+from duplexcadence.runtime.engine.module_scope import module_paths
 from duplexcadence.runtime.tools.batch_rows import PerRow, prove_rows, weight_storages
 
 
@@ -116,7 +117,7 @@ def solo_check(model, probe: str, width: int, n_frames: int, per_row: set[str]) 
         solo = [lm_stream(model, 1, codes[r]) for r in range(width)]
         many = [torch.cat([codes[r][f] for r in range(width)]) for f in range(n_frames)]
         run = lambda: lm_stream(model, width, many, rows=width)  # noqa: E731
-    with PerRow(per_row, width, weight_storages(model)):
+    with PerRow(per_row, width, weight_storages(model), modules=module_paths(model)):
         batched = run()
     firsts = [first_difference(solo[r], row_of(batched, r)) for r in range(width)]
     return {
@@ -278,7 +279,7 @@ def main() -> None:
             many = (
                 frames_at(width, args.frames) if name == "frame" else lm_inputs(model, width, codes)
             )
-            with PerRow(per_row, width, weight_storages(model)):
+            with PerRow(per_row, width, weight_storages(model), modules=module_paths(model)):
                 batched = run_at(width, many)
             proof = prove_rows(
                 model, run_one, lambda: run_at(width, many), width, keep, per_row=per_row

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -67,7 +68,7 @@ def width_ticks(
         },
         "ms_per_session": round(statistics.median(walls[warmup:]) / width, 2),
         "replay_hits_misses": replay,
-        "row_streams": len(server.binding.row_streams),
+        "row_streams": len(server.binding.rows.streams),
         "outputs_sha256": outputs.hexdigest(),
     }
     server.binding.unbind()
@@ -79,6 +80,34 @@ def width_ticks(
     return row
 
 
+ROW_OP = re.compile(r"(?P<op>\S+)(?: in (?P<scope>\S+))?(?: by (?P<n>\d+))?")
+
+
+def override_rows(specs: list[str]) -> None:
+    """``--rows``: each named callable of contracts/moshi.clock runs the given per-row ops
+    (the contract's own syntax, ``aten.mm.default in transformer.layers.*.gating by 8``)."""
+    from duplexcadence.generated.moshi.contract import DECLARED
+    from duplexcadence.runtime.serving.declared import BatchDecl
+
+    wanted: dict[str, dict[str, int]] = {}
+    for spec in specs:
+        name, _, ops = spec.partition("=")
+        rows = wanted.setdefault(name.strip(), {})
+        for op in filter(None, (o.strip() for o in ops.split(","))):
+            m = ROW_OP.fullmatch(op)
+            if m is None:
+                raise SystemExit(f"bench.lockstep_ticks: --rows: cannot read '{op}'")
+            key = m["op"] if m["scope"] is None else f"{m['op']} in {m['scope']}"
+            rows[key] = int(m["n"] or 1)
+    declared = {k.name: k.batch for k in DECLARED.callables if k.batch is not None}
+    unknown = set(wanted) - set(declared)
+    if unknown:
+        raise SystemExit(f"bench.lockstep_ticks: --rows: no batched callable {sorted(unknown)}")
+    by_rows = {(declared[n].rows, declared[n].blocks): ops for n, ops in wanted.items()}
+    contract_rows = BatchDecl.row_ops
+    BatchDecl.row_ops = lambda self: by_rows.get((self.rows, self.blocks)) or contract_rows(self)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--width", type=int, required=True, help="sessions per tick (a declared width)")
@@ -88,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--row-streams", type=int, help="side streams for per-row blocks (default: the runtime's)"
     )
+    p.add_argument(
+        "--rows",
+        action="append",
+        default=[],
+        metavar="CALLABLE=OP[ in MODULE][ by N],...",
+        help="run these per-row ops instead of the contract's for CALLABLE (an experiment: "
+        "compare outputs_sha256 with the contract's run before changing it)",
+    )
     p.add_argument("--tiny-cpu", action="store_true", help="a dry run: the tiny LM on the CPU")
     p.add_argument("--out", help="JSON path (default: stdout only)")
     args = p.parse_args(argv)
@@ -95,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         from duplexcadence.runtime.serving.declared import BatchDecl
 
         BatchDecl.row_ops = lambda self: {}  # every kernel batched whole
+    if args.rows:
+        override_rows(args.rows)
     if args.row_streams is not None:
         from duplexcadence.runtime.engine import per_row
 
@@ -107,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with pin_determinism(extra=W.DETERMINISM):
         rows.append(width_ticks(args.width, args.ticks, args.warmup, device, lm_kwargs))
-        rows[-1]["rows"] = "off (inexact)" if args.rows_off else "as declared"
+        rows[-1]["rows"] = (
+            "off (inexact)" if args.rows_off else args.rows if args.rows else "as declared"
+        )
         print(json.dumps(rows[-1]), flush=True)
         env = determinism_settings(device)
     doc = {

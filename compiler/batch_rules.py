@@ -73,12 +73,19 @@ class BatchRules:
                 "code once per session, so only a replayed callable can be batched",
                 span,
             )
-        for i, op in enumerate(b.rows):
+        for i, row in enumerate(b.rows):
+            op = row.partition(" in ")[0]  # `aten.mm.default in gating`: the op, scoped
             if not _OP_NAME.fullmatch(op):
                 self.err(
                     "CLK106",
                     f"per-row op '{op}' of callable '{k.name}' is not an ATen op name "
                     "(`aten.<op>` or `aten.<op>.<overload>`, e.g. `aten.mean.dim`)",
+                    b.row_spans[i] if i < len(b.row_spans) else span,
+                )
+            if b.rows.index(row) != i:  # the later listing of a row op listed before
+                self.err(
+                    "CLK106",
+                    f"per-row op '{row}' of callable '{k.name}' is listed twice",
                     b.row_spans[i] if i < len(b.row_spans) else span,
                 )
         for i, (op, n) in enumerate(zip(b.rows, b.row_blocks())):

@@ -474,7 +474,7 @@ _CODES = [
         "CLK106",
         "error",
         "bad per-row op name",
-        "`rows {...}` names ATen ops as `aten.<op>` or `aten.<op>.<overload>` (e.g. `aten.mean.dim`): the ops the batched call runs one session at a time (`aten.mm.default by 8`: on blocks of 8 sessions, where N >= 1 divides every width); and `rows` with a batch axis other than 0 (a per-row op splits its tensors on the leading axis).",
+        "`rows {...}` names ATen ops as `aten.<op>` or `aten.<op>.<overload>` (e.g. `aten.mean.dim`): the ops the batched call runs one session at a time (`aten.mm.default by 8`: on blocks of 8 sessions, where N >= 1 divides every width; `aten.mm.default in gating`: only inside modules whose path holds `gating`), none listed twice; and `rows` with a batch axis other than 0 (a per-row op splits its tensors on the leading axis).",
     ),
     # ---- warnings
     Code(

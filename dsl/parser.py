@@ -215,8 +215,11 @@ class _ToIR(Transformer):
         return int(c[0])
 
     def row_op(self, meta, c):
-        op, block = c
-        return str(op), 1 if block is None else int(block), token_span(op)
+        # `aten.mm.default in gating by 8`: the scope is part of the row's name (runtime
+        # PerRow reads "op in scope"), the block its own number
+        op, scope, block = c
+        name = str(op) if scope is None else f"{op} in {scope}"
+        return name, 1 if block is None else int(block), token_span(op)
 
     def batch_rows(self, meta, c):
         return tuple(c)

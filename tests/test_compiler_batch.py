@@ -83,6 +83,25 @@ def test_a_row_op_may_run_on_blocks_of_sessions():
     [step] = importlib.import_module(f"{name}.contract").DECLARED.callables
     assert step.batch.row_ops() == {"aten.mean.dim": 1, "aten.mm.default": 8}
     assert step.batch.rows_shown() == ["aten.mean.dim", "aten.mm.default by 8"]
+
+
+def test_a_row_op_may_be_scoped_to_a_module():
+    # `aten.mm.default in transformer.layers.*.gating by 8`: the scope is part of the
+    # row's name through every layer (parse, print, report, generated declaration)
+    scoped = "aten.mm.default in transformer.layers.*.gating"
+    text = small().replace("aten.mm.default}", f"{scoped} by 8, aten.mm.default}}")
+    contract, diags = parse(text)
+    assert not diags, diags
+    batch = contract.callables[0].batch
+    assert batch.rows == ("aten.mean.dim", scoped, "aten.mm.default")
+    assert batch.blocks == (1, 8, 1)
+    assert f"rows {{aten.mean.dim, {scoped} by 8, aten.mm.default}}" in print_contract(contract)
+    assert parse(print_contract(contract))[0].model_dump() == contract.model_dump()
+    result = compile_source(text, "small.clock")
+    assert result.ok, result.diagnostics
+    name, _ = import_package(result.files)
+    [step] = importlib.import_module(f"{name}.contract").DECLARED.callables
+    assert step.batch.row_ops() == {"aten.mean.dim": 1, scoped: 8, "aten.mm.default": 1}
     # without `by` nothing is recorded: every op one session at a time
     assert parse(small())[0].callables[0].batch.blocks == ()
 

@@ -101,6 +101,7 @@ def test_each_session_of_a_batched_binding_gets_its_solo_bytes():
         "width": 4,
         "widths": [2, 4],
         "rows": {"step": ["aten.mean.dim"]},
+        "row_streams": 0,  # side streams are a CUDA matter
     }
     assert (
         "lockstep: 4 sessions per call (declared widths 2, 4); ops per row: step: aten.mean.dim"
@@ -176,3 +177,40 @@ def test_batched_cuda_graphs_give_each_session_its_solo_bytes():
         for f, (got, want) in enumerate(zip(outs, ref)):
             assert torch.equal(got[s : s + 1], want), (s, f)
         assert torch.equal(binding.regions["acc"].tensor[s : s + 1], acc)
+
+
+class MixerModel(RowsModel):
+    """The session-mixing mean inside a submodule named ``mixer``; the step's own mean
+    (over features, each row alone) is batch-invariant here and stays batched."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(width)
+        self.mixer = Mixer()
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.mixer(x) @ self.w
+        self.acc.add_(y - y.mean(dim=1, keepdim=True))
+        return y + self.acc
+
+
+class Mixer(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x.mean(dim=0, keepdim=True)
+
+
+@pytest.mark.parametrize("scope, exact", [("mixer", True), ("elsewhere", False)])
+def test_a_row_op_scoped_to_a_module_runs_per_row_there(scope, exact):
+    # `rows {aten.mean.dim in mixer}`: the mean inside `mixer` runs per session, so every
+    # session gets its solo bytes; scoped to a module that never runs (the control), the
+    # mixing mean stays batched and the sessions' bytes differ
+    width, xs = 4, streams(4, 3)
+    model = MixerModel(width)
+    rows = f" rows {{aten.mean.dim in {scope}}}"
+    binding = adapter(rows).bind(model, backend="simulate", batch=width, progress=False)
+    outs = [model.step(x).clone() for x in xs]
+    same = True
+    for s in range(width):
+        alone = MixerModel(1)  # session s on a stock batch-1 model, every frame
+        same &= all(torch.equal(o[s : s + 1], alone.step(x[s : s + 1])) for o, x in zip(outs, xs))
+    assert same is exact
+    assert binding.stats()["batch"]["rows"] == {"step": [f"aten.mean.dim in {scope}"]}

@@ -5,6 +5,8 @@ divergence, and a fingerprint-only output is still compared."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -236,3 +238,81 @@ def test_per_row_blocks_on_side_streams_give_the_inline_bits_eager_and_in_a_grap
             expected = f(static)
         torch.cuda.synchronize()
         assert torch.equal(out, expected)
+
+
+class TwoLinears(torch.nn.Module):
+    """Two projections, one inside a submodule named ``gating``: the proof named only
+    the one in ``gating`` (as in Moshi's LM at widths 16 and 32)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.proj = torch.nn.Linear(8, 8, bias=False)
+        self.gating = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gating(self.proj(x))
+
+
+def test_a_per_row_op_scoped_to_a_module_runs_per_row_only_inside_it():
+    from duplexcadence.runtime.engine.module_scope import module_paths
+
+    m = TwoLinears()
+    x = torch.randn(4, 1, 8, generator=torch.Generator().manual_seed(8))
+    seen: list[tuple] = []
+
+    class Shapes(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func) == "aten.mm.default":
+                seen.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    per_row = PerRow(
+        {"aten.mm.default in gating": 2}, 4, weight_storages(m), modules=module_paths(m)
+    )
+    with torch.inference_mode(), Shapes(), per_row:
+        got = m(x)
+    # the projection outside `gating` ran whole (4 rows), the one inside on blocks of 2
+    assert seen == [(4, 8), (2, 8), (2, 8)] and per_row.calls == 1
+    with torch.inference_mode():
+        h = m.proj(x)
+        assert torch.equal(got, torch.cat([m.gating(h[:2]), m.gating(h[2:])]))
+    assert per_row.ops == {"aten.mm.default in gating"}
+    with pytest.raises(ValueError, match="module paths"):
+        PerRow({"aten.mm.default in gating"}, 4)
+
+
+def test_a_module_scope_matches_whole_path_components_on_its_own_thread_only():
+    from duplexcadence.runtime.engine.module_scope import ModuleScope, module_paths
+
+    m = TwoLinears()
+    paths = module_paths(m)
+    assert sorted(paths.values()) == ["TwoLinears", "gating", "gating.0", "proj"]
+    found: dict = {}
+    scope = ModuleScope(paths)
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            found[threading.current_thread().name] = scope.inside("gating")
+            return x
+
+    m.gating.append(Probe())
+    paths = module_paths(m)
+    scope.names = paths
+    with scope:
+        m(torch.randn(1, 8))
+        other = threading.Thread(target=lambda: m(torch.randn(1, 8)), name="other")
+        other.start()
+        other.join()
+        assert not scope.inside("gating")  # left the module
+    assert found == {"MainThread": True, "other": False}
+    cases = [
+        ("gating", "layers.0.subgating", False),  # a component boundary
+        ("gating", "layers.0.gating.linear_in", True),
+        ("transformer.layers.*.gating", "lm.transformer.layers.12.gating", True),
+        ("transformer.layers.*.gating", "lm.depformer.layers.12.gating", False),
+        ("transformer.layers.*.gating", "lm.transformer.layers.gating", False),
+    ]
+    for pattern, path, inside in cases:
+        scope._stack = [path]
+        assert scope.inside(pattern) is inside, (pattern, path)

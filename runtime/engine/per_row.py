@@ -24,10 +24,13 @@ joined, so nothing outside the op sees the fork.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .module_scope import ModuleScope, module_paths
 
 # side streams a batched binding on CUDA gives its per-row blocks (0: inline)
 ROW_STREAMS = 16
@@ -42,7 +45,10 @@ class PerRow(TorchDispatchMode):
     D]`` as ``torch.cdist`` passes them); every tensor argument with that extent on that
     axis is split, each block's call is the batch-1 (or batch-N) call, and the results
     are concatenated on it. Weights (``weights``: their storages) are never split; an op
-    with no batched argument runs whole."""
+    with no batched argument runs whole. An op named with a scope (``aten.mm.default in
+    gating``) runs so only inside a module whose path holds it (``modules``: id of
+    each module -> its path, module_scope.py); elsewhere its unscoped entry, if any,
+    decides."""
 
     def __init__(
         self,
@@ -50,6 +56,7 @@ class PerRow(TorchDispatchMode):
         width: int,
         weights: set[int] = frozenset(),
         streams: Sequence[torch.cuda.Stream] = (),
+        modules: Mapping[int, str] | None = None,
     ) -> None:
         super().__init__()
         if width < 1:
@@ -59,12 +66,49 @@ class PerRow(TorchDispatchMode):
         if bad:
             raise ValueError(f"PerRow: blocks {bad} must be >= 1 and divide the width {width}")
         self.blocks, self.width, self.weights = blocks, width, weights
+        # "op in scope" -> [(scope, block)] per op; the plain entries stay in blocks
+        self.scoped: dict[str, list[tuple[str, int]]] = {}
+        for name, n in list(blocks.items()):
+            op, _, scope = name.partition(" in ")
+            if scope:
+                self.scoped.setdefault(op, []).append((scope, n))
+                del blocks[name]
+        if self.scoped and modules is None:
+            raise ValueError(
+                f"PerRow: ops scoped to modules ({sorted(self.scoped)}) need the model's "
+                "module paths (modules=module_paths(model))"
+            )
+        self.scope = ModuleScope(modules) if self.scoped else None
+        self._depth = 0  # nested entries (__enter__)
         self.streams = list(streams)  # side streams for the blocks of one op; [] inline
         self.calls = 0  # ops run in blocks
 
     @property
     def ops(self) -> frozenset[str]:
-        return frozenset(self.blocks)
+        scoped = {f"{op} in {scope}" for op, pairs in self.scoped.items() for scope, _ in pairs}
+        return frozenset(self.blocks) | scoped
+
+    def __enter__(self) -> "PerRow":
+        # the mode re-enters itself to decompose a composite op: the scope is entered
+        # once, by the outermost entry, and keeps tracking modules meanwhile
+        self._depth += 1
+        if self.scope is not None and self._depth == 1:
+            self.scope.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self._depth -= 1
+        if self.scope is not None and self._depth == 0:
+            self.scope.__exit__(*exc)
+
+    def _block(self, op: str) -> int | None:
+        """The sessions one call of ``op`` takes here: its scoped entry where the op runs
+        inside that module, else its plain entry; None: the op runs whole."""
+        for scope, n in self.scoped.get(op, ()):
+            if self.scope.inside(scope):
+                return n
+        return self.blocks.get(op)
 
     def _axis(self, args: tuple) -> tuple[int, int] | None:
         """(axis, extent) the sessions stack on in this op's arguments, from its first
@@ -87,7 +131,7 @@ class PerRow(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        block = self.blocks.get(str(func))
+        block = self._block(str(func))
         if block is None and _composite(func):
             # under inference mode (how a binding calls its callables) a mode sees
             # composite ops whole (aten.linear, aten.conv1d, aten.cdist); their own
@@ -132,6 +176,29 @@ class PerRow(TorchDispatchMode):
         for s in used:
             main.wait_stream(s)
         return parts
+
+
+@dataclass
+class RowSetup:
+    """What a batched binding's per-row ops need from its model, found once at bind: the
+    weights' storages (never split), CUDA side streams for the blocks (``ROW_STREAMS``)
+    and the model's module paths (for row ops scoped to a module)."""
+
+    weights: set[int] = field(default_factory=set)
+    streams: list = field(default_factory=list)
+    modules: dict[int, str] | None = None
+
+    @classmethod
+    def for_model(cls, model: Any, rows: Sequence[str], device: torch.device) -> "RowSetup":
+        if not rows:
+            return cls()
+        streams = []
+        if device.type == "cuda":  # the blocks of one op as parallel branches of the graph
+            streams = [torch.cuda.Stream(device) for _ in range(ROW_STREAMS)]
+        return cls(weight_storages(model), streams, module_paths(model))
+
+    def mode(self, ops: Mapping[str, int], width: int) -> PerRow:
+        return PerRow(ops, width, self.weights, self.streams, self.modules)
 
 
 _COMPOSITE: dict[Any, bool] = {}

@@ -32,8 +32,7 @@ import torch
 from ..engine.backend import FakeGraphBackend
 from .binding import Binding, infer_device
 from .declared import ContractDecl
-from ..engine import per_row
-from ..engine.per_row import weight_storages
+from ..engine.per_row import RowSetup
 from ..engine.determinism import apply_settings
 from ..state.folds import apply_folds, plan_folds
 from .lane import Lane
@@ -117,12 +116,9 @@ def bind_contract(
     )
     binding.served_ambient = served_ambient
     binding.batch = width
-    if width > 1 and any(k.batch is not None and k.batch.rows for k in decl.callables):
-        # a weight is the same in every row: PerRow never splits it
-        binding.row_weights = weight_storages(model)
-        if device.type == "cuda":
-            # the blocks of a per-row op as parallel branches of the graph (per_row.py)
-            binding.row_streams = [torch.cuda.Stream(device) for _ in range(per_row.ROW_STREAMS)]
+    if width > 1:
+        rows = [op for k in decl.callables if k.batch is not None for op in k.batch.rows]
+        binding.rows = RowSetup.for_model(model, rows, device)
     try:
         # weights folded first: every lane, read and capture below sees the folded module
         binding.folds = apply_folds(fold_plan)

@@ -28,6 +28,7 @@ import torch
 
 from duplexcadence.runtime.engine.backend import drawing_from
 from duplexcadence.runtime.engine.determinism import restore_settings
+from duplexcadence.runtime.engine.per_row import RowSetup
 from duplexcadence.runtime.serving.binding_report import binding_report, binding_stats
 from duplexcadence.runtime.serving.capture_section import CaptureSection
 from duplexcadence.runtime.serving.eager_lock import EagerLock
@@ -70,11 +71,10 @@ class Binding:
         self.plain_lock = threading.RLock()  # callers without a session, one at a time
         self.pool: Any = None  # the SessionPool, once sessions are served
         self.lockstep_pool: Any = None  # a batched binding's LockstepPool (lockstep.py)
-        # sessions stacked in each batched call (bind(batch=W)) and the storages PerRow
-        # never splits (the model's weights), found once at bind
+        # sessions stacked in each batched call (bind(batch=W)) and what its per-row ops
+        # need from the model (weights, side streams, module paths), found once at bind
         self.batch = 1
-        self.row_weights: set[int] = set()
-        self.row_streams: list = []  # CUDA side streams for per-row blocks (per_row.py)
+        self.rows = RowSetup()
         self.site_rebinds = 0
         # eager sections' waits for the eager lock (a capture holds it for its catalog):
         # how long sessions' eager steps queued behind captures and each other

@@ -115,7 +115,7 @@ def _batch_stats(b: Binding) -> dict | None:
         "width": b.batch,
         "widths": list(b.decl.batch_widths),
         "rows": {k.name: k.batch.rows_shown() for k in b.decl.callables if k.batch is not None},
-        "row_streams": len(b.row_streams),
+        "row_streams": len(b.rows.streams),
     }
 
 

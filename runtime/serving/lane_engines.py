@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import torch
 
-from ..engine.per_row import PerRow
 from ..engine.replay import ExactShapeReplay
 from ..state.counters import HostCounter
 from ..state.guards import guard_at
@@ -115,7 +114,7 @@ class LaneEngines:
                 if rows:
                     # the ops no proof found batch-invariant, one session at a time; a
                     # capture records the per-row kernels, so replay runs them so too
-                    with PerRow(rows, b.batch, b.row_weights, b.row_streams):
+                    with b.rows.mode(rows, b.batch):
                         result = stock(*args, **kwargs)
                 else:
                     result = stock(*args, **kwargs)

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 
+from ..engine.module_scope import module_paths
 from ..engine.per_row import PerRow, weight_storages
 from .op_trace import DATA_OUTPUTS, UNINITIALISED_OPS, OpTrace, fingerprint
 
@@ -244,7 +245,8 @@ def prove_rows(
         recorder.remove()
     checker = RowChecker(model, recorder, width)
     try:
-        with PerRow(per_row, width, weight_storages(model)), checker:
+        modules = module_paths(model)  # for per-row ops scoped to a module
+        with PerRow(per_row, width, weight_storages(model), modules=modules), checker:
             run_batched()
     finally:
         checker.remove()
