@@ -103,6 +103,8 @@ def grammar_strategy() -> st.SearchStrategy[str]:
             base = st.one_of(st.integers(0, 99), st.sampled_from(INTERESTING_INTS)).map(str)
         elif t.name == "OP_NAME":  # `rows {...}` of a batch: ATen names, and ones that are not
             base = st.sampled_from(["aten.mean.dim", "aten.mm.default", "aten.mean", "mean", "x.y"])
+        elif t.name == "MODULE_PATH":  # `aten.mm.default in gating`: a module scope
+            base = st.sampled_from(["gating", "transformer.layers.*.gating", "*", "a.0.b"])
         elif t.name == "STRING":
             base = st.sampled_from(['"x"', '"a b"', '"key"', '"estimator_att_cache"', '""'])
         else:  # a keyword class: one of its alternatives
