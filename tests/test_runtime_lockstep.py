@@ -242,6 +242,32 @@ def test_sessions_opened_between_two_ticks_are_reset_in_one_call():
     binding.unbind()
 
 
+def test_a_reset_that_fails_fails_its_tick_and_is_tried_again_not_skipped():
+    # slot 0 holds an earlier session's state; the model's reset for the next session on
+    # it raises once: that tick fails loudly, and the next resets the slot before serving
+    # it (served on the stale state, the session's bytes would differ from its solo run)
+    binding, pool = pool_of(width=4, hold=False)
+    reset, failures = pool._reset, []
+
+    def flaky(mask):
+        if failures:
+            raise failures.pop()
+        reset(mask)
+
+    pool._reset = flaky
+    with pool.open() as earlier:
+        earlier.step(inputs(40, 1)[0])
+    failures.append(RuntimeError("reset failed"))
+    a = pool.open()
+    assert a.slot == 0
+    x = inputs(41, 1)[0]
+    with pytest.raises(RuntimeError, match="reset failed"):
+        a.step(x)
+    assert torch.equal(a.step(x), solo(41, 1)[0])
+    assert pool.stats()["resets"] == 2
+    binding.unbind()
+
+
 def test_a_pool_counts_where_a_tick_cycle_goes_and_keeps_a_timeline():
     # one session alone: each tick has every open session in; a second session opened
     # but silent makes the next ticks partial (the clock starts them), each held

@@ -156,7 +156,6 @@ class LockstepPool:
         self.period_s = None if period_s is None else float(period_s)
         self._beat: float | None = None  # the clock's next tick (period_s)
         self._cond = threading.Condition()
-        self._gpu = threading.Lock()  # a tick or a slot reset, never both
         self._sessions: dict[int, LockstepSession] = {}
         self._queues: dict[int, deque[LockstepFrame]] = {}  # slot: frames not yet served
         self._resets: set[int] = set()  # slots opened since the last tick: reset at the next
@@ -297,17 +296,17 @@ class LockstepPool:
         t = time.perf_counter()
         try:
             rows = [batch[i].row if i in batch else self._template for i in range(self.width)]
-            with self._gpu:
-                self._reset_opened()
-                if self._hold is not None:
-                    mask = self._mask(sorted(batch))
-                    if self._held is None or not torch.equal(mask, self._held):
-                        held = time.perf_counter()
-                        self._hold(mask)  # rows off keep their state this tick
-                        self._held = mask
-                        self.log.held(time.perf_counter() - held)
-                out = self._step(torch.cat(rows))
-                results = {i: _row(out, i, self.width) for i in batch}
+            # the model is touched on this thread only: resets, holds and the step
+            self._reset_opened()
+            if self._hold is not None:
+                mask = self._mask(sorted(batch))
+                if self._held is None or not torch.equal(mask, self._held):
+                    held = time.perf_counter()
+                    self._hold(mask)  # rows off keep their state this tick
+                    self._held = mask
+                    self.log.held(time.perf_counter() - held)
+            out = self._step(torch.cat(rows))
+            results = {i: _row(out, i, self.width) for i in batch}
         except Exception as e:  # noqa: BLE001 - raised in every session it served
             for frame in batch.values():
                 frame.finish(error=e)
@@ -323,7 +322,14 @@ class LockstepPool:
             slots, self._resets = sorted(self._resets), set()
         if slots:
             t = time.perf_counter()
-            self._reset(self._mask(slots))
+            try:
+                self._reset(self._mask(slots))
+            except BaseException:
+                # not reset: those slots are tried again before the next tick (whose
+                # sessions then fail too), never served on a state left as it was
+                with self._cond:
+                    self._resets.update(slots)
+                raise
             self._held = None  # a reset may turn its rows back on (Moshi's does)
             self.log.reset(time.perf_counter() - t)
 
