@@ -287,7 +287,7 @@ def test_a_module_scope_matches_whole_path_components_on_its_own_thread_only():
 
     m = TwoLinears()
     paths = module_paths(m)
-    assert sorted(paths.values()) == ["TwoLinears", "gating", "gating.0", "proj"]
+    assert sorted(paths.values()) == ["", "gating", "gating.0", "proj"]
     found: dict = {}
     scope = ModuleScope(paths)
 

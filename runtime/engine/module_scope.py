@@ -72,16 +72,28 @@ def _pattern(scope: str) -> re.Pattern:
     return re.compile(r"(^|\.)" + r"\.".join(parts) + r"(\.|$)")
 
 
-def module_paths(model: Any) -> dict[int, str]:
-    """id of each module of ``model`` -> its path (a module, or an object whose
-    attributes hold modules: ``lm_gen.lm_model.transformer.layers.0.gating``)."""
+def named_modules(model: Any) -> list[tuple[str, torch.nn.Module]]:
+    """Every module of ``model`` (a module, or an object whose attributes hold modules)
+    with its dotted path, each module once (the root module's path is "")."""
+    roots: list[tuple[str, torch.nn.Module]] = []
     if isinstance(model, torch.nn.Module):
-        roots = [("", model)]
+        roots.append(("", model))
     else:
-        roots = [(k, v) for k, v in vars(model).items() if isinstance(v, torch.nn.Module)]
-    paths: dict[int, str] = {}
+        for name, value in sorted(vars(model).items()) if hasattr(model, "__dict__") else ():
+            if isinstance(value, torch.nn.Module):
+                roots.append((name, value))
+    seen: set[int] = set()
+    out = []
     for prefix, root in roots:
         for name, m in root.named_modules():
-            path = ".".join(p for p in (prefix, name) if p)
-            paths.setdefault(id(m), path or type(m).__name__)
-    return paths
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            out.append((".".join(p for p in (prefix, name) if p), m))
+    return out
+
+
+def module_paths(model: Any) -> dict[int, str]:
+    """id of each module of ``model`` -> its path
+    (``lm_gen.lm_model.transformer.layers.0.gating``)."""
+    return {id(m): path for path, m in named_modules(model)}

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .module_scope import ModuleScope, module_paths
+from .module_scope import ModuleScope, module_paths, named_modules
 
 # side streams a batched binding on CUDA gives its per-row blocks (0: inline)
 ROW_STREAMS = 16
@@ -221,8 +221,9 @@ def weight_storages(model: Any) -> set[int]:
     """The storages of ``model``'s parameters and buffers (a weight, a codebook, a
     rotary table: the same in every row, never split). ``model`` is a module or an
     object whose attributes hold modules."""
-    roots = [model] if isinstance(model, torch.nn.Module) else []
-    if not roots and hasattr(model, "__dict__"):
-        roots = [v for v in vars(model).values() if isinstance(v, torch.nn.Module)]
-    tensors = [t for root in roots for t in (*root.parameters(), *root.buffers())]
+    tensors = [
+        t
+        for _, m in named_modules(model)
+        for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+    ]
     return {t.untyped_storage().data_ptr() for t in tensors}

@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..audit import _as_bits
+from ..engine.module_scope import named_modules
 
 # Per copy and chunk, op outputs kept as device clones up to this many bytes; past it
 # only fingerprints (a difference is still found, without its values).
@@ -47,27 +48,6 @@ DATA_OUTPUTS = {
     "aten._scaled_dot_product_cudnn_attention": 1,
     "aten._flash_attention_forward": 1,
 }
-
-
-def _modules(model: Any) -> list[tuple[str, torch.nn.Module]]:
-    """Every module of ``model`` (a module, or an object whose attributes hold modules)
-    with its dotted path, each module once."""
-    roots: list[tuple[str, torch.nn.Module]] = []
-    if isinstance(model, torch.nn.Module):
-        roots.append(("", model))
-    else:
-        for name, value in sorted(vars(model).items()) if hasattr(model, "__dict__") else ():
-            if isinstance(value, torch.nn.Module):
-                roots.append((name, value))
-    seen: set[int] = set()
-    out = []
-    for prefix, root in roots:
-        for name, m in root.named_modules():
-            if id(m) in seen:
-                continue
-            seen.add(id(m))
-            out.append((".".join(p for p in (prefix, name) if p), m))
-    return out
 
 
 def state_tensors(model: Any) -> dict[str, torch.Tensor]:
@@ -101,7 +81,7 @@ def state_tensors(model: Any) -> dict[str, torch.Tensor]:
             for k, v in vars(x).items():
                 walk(v, f"{path}.{k}", depth + 1)
 
-    for path, m in _modules(model):
+    for path, m in named_modules(model):
         for name, buf in m.named_buffers(recurse=False):
             walk(buf, f"{path}.{name}" if path else name, 0)
         for k, v in vars(m).items():
@@ -117,7 +97,7 @@ def weight_prints(model: Any) -> dict[str, list[int]]:
     """Every parameter's fingerprint by path: two copies built from one seed must start
     from the same weights (a loader that leaves a tensor uninitialised would not)."""
     out = {}
-    for path, m in _modules(model):
+    for path, m in named_modules(model):
         for name, p in m.named_parameters(recurse=False):
             out[f"{path}.{name}" if path else name] = fingerprint(p).tolist()
     return out
@@ -172,7 +152,7 @@ class OpTrace(TorchDispatchMode):
         self._kept = 0
         self._stack: list[str] = []
         self._handles = []
-        for path, m in _modules(model):
+        for path, m in named_modules(model):
             self._handles.append(m.register_forward_pre_hook(self._enter(path)))
             self._handles.append(m.register_forward_hook(self._leave))
         self.active = True
