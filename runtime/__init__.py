@@ -135,6 +135,8 @@ from .state.folds import FoldError  # noqa: E402
 from .serving.lane import Lane, LaneError  # noqa: E402
 from .serving.params import ParamDecl, ParamError  # noqa: E402
 from .state.pins import pin_at  # noqa: E402
+from .serving.lockstep_proof import LockstepNotProven, LockstepProof  # noqa: E402
+from .tools.lockstep_proof import prove_lockstep  # noqa: E402
 from .serving.sessions import (  # noqa: E402
     NoLaneAvailable,
     Session,
@@ -155,6 +157,9 @@ from .state.sites import (
 )  # noqa: E402
 
 __all__ += [
+    "LockstepNotProven",
+    "LockstepProof",
+    "prove_lockstep",
     "ParamDecl",
     "ParamError",
     "Aliased",

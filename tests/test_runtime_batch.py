@@ -102,6 +102,7 @@ def test_each_session_of_a_batched_binding_gets_its_solo_bytes():
         "widths": [2, 4],
         "rows": {"step": ["aten.mean.dim"]},
         "row_streams": 0,  # side streams are a CUDA matter
+        "proof": None,  # none given: the rows are the contract's word
     }
     assert (
         "lockstep: 4 sessions per call (declared widths 2, 4); ops per row: step: aten.mean.dim"
@@ -214,3 +215,57 @@ def test_a_row_op_scoped_to_a_module_runs_per_row_there(scope, exact):
         same &= all(torch.equal(o[s : s + 1], alone.step(x[s : s + 1])) for o, x in zip(outs, xs))
     assert same is exact
     assert binding.stats()["batch"]["rows"] == {"step": [f"aten.mean.dim in {scope}"]}
+
+
+def prove(rows: str, width: int = 4, frames: int = 2):
+    """``prove_lockstep`` of the rows_demo contract on one RowsModel streaming at batch 1
+    and then at ``width`` (row 0 the batch-1 stream's input, the other rows others')."""
+    from duplexcadence.runtime.tools.lockstep_proof import prove_lockstep
+
+    contract = importlib.import_module(adapter(rows).__name__.replace("adapter", "contract"))
+    model, xs = RowsModel(1), streams(width, frames)
+
+    def run_at(w: int) -> None:
+        model.acc = torch.zeros(w, 4)
+        for x in xs:
+            model.step(x[:w])
+
+    return model, prove_lockstep(
+        model, contract.DECLARED, width, lambda: run_at(1), lambda: run_at(width), inputs="seeded"
+    )
+
+
+def test_a_proof_of_the_contracts_rows_is_admitted_and_reported():
+    model, proof = prove(ROWS)
+    assert proof.proven and proof.callables["step"].ops > 0
+    assert proof.callables["step"].rows == ("aten.mean.dim",)
+    width, xs = 4, streams(4, 3)
+    batched = RowsModel(width)
+    binding = adapter(ROWS).bind(
+        batched, backend="simulate", batch=width, proof=proof, progress=False
+    )
+    outs = [batched.step(x).clone() for x in xs]
+    for s in range(width):
+        assert all(torch.equal(o[s : s + 1], w) for o, w in zip(outs, solo(s, xs)[0]))
+    assert binding.stats()["batch"]["proof"]["proven"] is True
+    assert "lockstep proof: width 4 proven on cpu, seeded: step:" in binding.report()
+
+
+def test_a_proof_that_does_not_prove_or_does_not_fit_is_refused_before_install():
+    from duplexcadence.runtime.serving.lockstep_proof import LockstepNotProven
+
+    # without rows the batch mean mixes sessions: the proof names the op and its module
+    _, unproven = prove("")
+    step = unproven.callables["step"]
+    assert not unproven.proven and "aten.mean.dim in <top>" in step.broken
+    model = RowsModel(4)
+    with pytest.raises(LockstepNotProven, match=r"'step' is not proven: row 0 differed .*mean"):
+        adapter("").bind(model, backend="simulate", batch=4, proof=unproven, progress=False)
+    assert "step" not in vars(model)  # refused before anything was installed
+    _, proven = prove(ROWS)
+    with pytest.raises(LockstepNotProven, match="proven with rows"):  # other rows
+        adapter("").bind(RowsModel(4), backend="simulate", batch=4, proof=proven)
+    with pytest.raises(LockstepNotProven, match="of width 4"):  # another width
+        adapter(ROWS).bind(RowsModel(2), backend="simulate", batch=2, proof=proven)
+    with pytest.raises(TypeError, match="LockstepProof"):
+        adapter(ROWS).bind(RowsModel(4), backend="simulate", batch=4, proof={"proven": True})

@@ -18,6 +18,7 @@ def bind(
     params=None,
     ambient=None,
     batch=None,
+    proof=None,
 ):
     """Install the `moshi` contract on `model` and return the Binding.
 
@@ -33,6 +34,8 @@ def bind(
     states are not captured (default: every declared state).
     `batch`: the number of sessions in lockstep this binding serves, one of the
     contract's declared widths (8, 16, 24, 32); None or 1: one session per call.
+    `proof`: the `prove_lockstep` proof of this width's rows; given, the binding
+    refuses (`LockstepNotProven`) unless it proves every batched callable.
     """
     return bind_contract(
         model,
@@ -45,4 +48,5 @@ def bind(
         params=params,
         ambient=ambient,
         batch=batch,
+        proof=proof,
     )

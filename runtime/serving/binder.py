@@ -33,6 +33,7 @@ from ..engine.backend import FakeGraphBackend
 from .binding import Binding, infer_device
 from .declared import ContractDecl
 from ..engine.per_row import RowSetup
+from .lockstep_proof import admit
 from ..engine.determinism import apply_settings
 from ..state.folds import apply_folds, plan_folds
 from .lane import Lane
@@ -77,6 +78,7 @@ def bind_contract(
     params: dict | None = None,
     ambient: Any = None,
     batch: int | None = None,
+    proof: Any = None,
 ) -> Binding:
     """Install ``decl`` on ``model`` and return the Binding (see module docstring).
 
@@ -91,10 +93,16 @@ def bind_contract(
     meets float16: half the catalog, half the capture time), its calls under another
     state run eager (``ambient_state``). None: every declared state. ``batch``: the
     number of sessions in lockstep (module docstring), one of the declared widths;
-    None or 1: one session per call."""
+    None or 1: one session per call. ``proof``: a ``prove_lockstep`` proof of that width
+    (tools/lockstep_proof.py), admitted by serving/lockstep_proof.py before anything is installed.
+    """
     backend, simulated = _backend(backend)
     width = _batch_width(batch)
     decl = decl.at_width(width)  # ValueError for a width the contract does not declare
+    if proof is not None:
+        if width == 1:
+            raise ValueError("proof= is for a batched binding (bind with batch=W)")
+        proof = admit(proof, decl, width)  # LockstepNotProven: nothing installed yet
     served_ambient = _served_ambient(decl, ambient)
     # a carry's site holds the primed stock state; binding before priming
     # (capture=False) may precede it, so capture() checks those sites instead
@@ -115,7 +123,7 @@ def bind_contract(
         backend=backend,
     )
     binding.served_ambient = served_ambient
-    binding.batch = width
+    binding.batch, binding.lockstep_proof = width, proof
     if width > 1:
         rows = [op for k in decl.callables if k.batch is not None for op in k.batch.rows]
         binding.rows = RowSetup.for_model(model, rows, device)

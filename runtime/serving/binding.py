@@ -75,6 +75,7 @@ class Binding:
         # need from the model (weights, side streams, module paths), found once at bind
         self.batch = 1
         self.rows = RowSetup()
+        self.lockstep_proof: Any = None  # the admitted proof (lockstep_proof.py)
         self.site_rebinds = 0
         # eager sections' waits for the eager lock (a capture holds it for its catalog):
         # how long sessions' eager steps queued behind captures and each other

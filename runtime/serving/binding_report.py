@@ -71,6 +71,7 @@ def binding_report(b: Binding, width: int = 120) -> str:
             f"{', '.join(map(str, batch['widths']))}); ops per row: {rows}"
             + (f" (blocks on {batch['row_streams']} side streams)" if batch["row_streams"] else "")
         )
+        lines.append(_proof_line(batch["proof"]))
     params = _params_stats(b)
     if params is not None:
         held = "; ".join(", ".join(s["held"]) for s in params["lanes"])
@@ -107,6 +108,16 @@ def _params_stats(b: Binding) -> dict | None:
     }
 
 
+def _proof_line(proof: dict | None) -> str:
+    if proof is None:
+        return "  lockstep proof: none given (rows as the contract declares them, unproven at bind)"
+    each = "; ".join(
+        f"{name}: {c['ops']} ops, row 0 = batch 1" for name, c in proof["callables"].items()
+    )
+    inputs = f", {proof['inputs']}" if proof["inputs"] else ""
+    return f"  lockstep proof: width {proof['width']} proven on {proof['device']}{inputs}: {each}"
+
+
 def _batch_stats(b: Binding) -> dict | None:
     """A batched binding's width and, per batched callable, the ops it runs per row."""
     if b.batch == 1:
@@ -116,6 +127,7 @@ def _batch_stats(b: Binding) -> dict | None:
         "widths": list(b.decl.batch_widths),
         "rows": {k.name: k.batch.rows_shown() for k in b.decl.callables if k.batch is not None},
         "row_streams": len(b.rows.streams),
+        "proof": b.lockstep_proof.summary() if b.lockstep_proof is not None else None,
     }
 
 
