@@ -32,6 +32,7 @@ from bench.workloads import moshi as W
 
 MODEL_SEED = 0
 FRAME_S = W.FRAME_SAMPLES / 24_000  # Moshi's frame: 80 ms of 24 kHz audio
+PROOF_FRAMES = 2  # frames a proven arm proves its rows over at set-up (prove_at_width)
 
 
 def connect(mimi: Any, lm_gen: Any) -> None:
@@ -135,6 +136,8 @@ class LockstepSessions:
         self.mimi, self.lm_gen = W.build_moshi(
             MODEL_SEED, device, lm_kwargs=lm_kwargs or W.FULL_7B, greedy=True, start=False
         )
+        frames = arm.options.get("prove_frames")
+        proof = prove_at_width(self.mimi, self.lm_gen, width, frames) if frames else None
         W.start_streaming(self.mimi, self.lm_gen, width)
         self.lm_gen.support_out_of_sync = True
         self.device = next(self.mimi.parameters()).device
@@ -146,7 +149,7 @@ class LockstepSessions:
         _share_exec_mask((self.mimi, self.lm_gen), self.run_rows)
         decoder = (self.mimi.decoder, self.mimi.decoder_transformer, self.mimi.upsample)
         _share_exec_mask(decoder, self.decode_rows)
-        self.binding = W.bind_adapter(self.mimi, self.lm_gen, device, batch=width)
+        self.binding = W.bind_adapter(self.mimi, self.lm_gen, device, batch=width, proof=proof)
         self.stage_ms: list[tuple[float, float, float]] | None = None  # bench.lockstep_ticks
         # the LM step's first call after bind runs eager (its counter starts at 1): made
         # here, every row held, so no session's tick pays for it
@@ -247,6 +250,11 @@ class LockstepSessions:
             **replay.sessions_record(self.binding),
             "lockstep": self.pool.stats(),
             "lockstep_timeline": self.pool.timeline,
+            "lockstep_proof": (
+                None
+                if self.binding.lockstep_proof is None
+                else self.binding.lockstep_proof.summary()
+            ),
         }
 
 
@@ -260,6 +268,27 @@ def _share_exec_mask(roots: tuple, mask: torch.Tensor) -> None:
                 if state.exec_mask.shape != mask.shape:  # CFG doubles the LM's rows
                     raise ValueError(f"{type(m).__name__}: exec mask {state.exec_mask.shape}")
                 state.exec_mask = mask
+
+
+def prove_at_width(mimi: Any, lm_gen: Any, width: int, frames: int) -> Any:
+    """The proof of contracts/moshi.clock's rows at ``width`` (runtime/tools/
+    lockstep_proof.py) on this pair before it streams for serving: ``frames`` seeded
+    frames at batch 1 (session 0), then at ``width`` (session r in row r), each through
+    the vendor's loop (bench.batch_rows.stream)."""
+    from bench.batch_rows import frames_at, stream
+    from duplexcadence.generated.moshi.contract import DECLARED
+    from duplexcadence.runtime import prove_lockstep
+
+    model = types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
+    one, many = frames_at(1, frames), frames_at(width, frames)
+    return prove_lockstep(
+        model,
+        DECLARED,
+        width,
+        lambda: stream(model, 1, one),
+        lambda: stream(model, width, many),
+        inputs=f"{frames} frames of seeded PCM, session r in row r",
+    )
 
 
 def server(arm: Arm, device: Any) -> Any:
@@ -289,6 +318,18 @@ SESSIONS = SessionWorkload(
                 needs_cuda=True,
             )
             for w in (8, 16, 24, 32)
+        ),
+        *(
+            Arm(
+                f"moshi_batch{w}_proven",
+                "inproc",
+                f"moshi_batch{w}, bound with the proof of its rows at width {w} made at "
+                f"set-up (prove_lockstep over {PROOF_FRAMES} frames: each callable's row 0 "
+                "against batch 1, op by op); refused unless it proves",
+                options={"width": w, "prove_frames": PROOF_FRAMES},
+                needs_cuda=True,
+            )
+            for w in (16, 32)
         ),
     ),
     reference="stock_solo",

@@ -116,3 +116,37 @@ def test_chunks_sent_ahead_equal_solo_stock_and_are_timed_by_their_tick():
     late = [row[4] for row in clients[1].rows]
     assert len(late) == len(b.chunks) and late[0] > 1000.0  # sent a second late, counted
     assert batched.pool.stats()["open"] == 0
+
+
+def test_the_contracts_rows_are_proven_on_the_vendor_code_and_a_proof_without_them_is_refused(
+    monkeypatch,
+):
+    # prove_lockstep on the released Moshi (tiny LM, CPU): with contracts/moshi.clock's
+    # rows every callable's row 0 equals batch 1, op by op, and bind admits the proof;
+    # without the rows the proof names Mimi's convolutions and codebook distances
+    from bench.sessions_moshi import prove_at_width
+    from duplexcadence.runtime import LockstepNotProven
+    from duplexcadence.runtime.serving.declared import BatchDecl
+
+    def pair():
+        return W.build_moshi(0, torch.device("cpu"), lm_kwargs=W.TINY_LM_KWARGS, start=False)
+
+    mimi, lm_gen = pair()
+    proof = prove_at_width(mimi, lm_gen, 8, 2)
+    assert proof.proven, proof.summary()
+    assert proof.callables["mimi_encode"].rows[-1] == "aten._euclidean_dist.default"
+    W.start_streaming(mimi, lm_gen, 8)
+    binding = W.bind_adapter(mimi, lm_gen, torch.device("cpu"), batch=8, proof=proof)
+    assert "lockstep proof: width 8 proven on cpu" in binding.report()
+    binding.unbind()
+
+    monkeypatch.setattr(BatchDecl, "row_ops", lambda self: {})
+    monkeypatch.setattr(BatchDecl, "rows_shown", lambda self: [])
+    mimi, lm_gen = pair()
+    unproven = prove_at_width(mimi, lm_gen, 8, 2)
+    broken = unproven.callables["mimi_encode"].broken
+    assert any(op.startswith("aten.convolution.default in mimi.") for op in broken)
+    assert "aten._euclidean_dist.default in <top>" in broken
+    W.start_streaming(mimi, lm_gen, 8)
+    with pytest.raises(LockstepNotProven, match="'mimi_decode' is not proven"):
+        W.bind_adapter(mimi, lm_gen, torch.device("cpu"), batch=8, proof=unproven)

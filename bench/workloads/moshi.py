@@ -181,6 +181,7 @@ def bind_adapter(
     capture: bool = True,
     progress: bool = False,
     batch: int | None = None,
+    proof: Any = None,
 ) -> Any:
     """Bind the generated adapter (contracts/moshi.clock) as a server would at start-up,
     on a pair whose streaming has started (the sites live in the streaming states), with
@@ -188,7 +189,8 @@ def bind_adapter(
     inside the adapter's graphs). On CUDA the callables are captured here under
     ``no_compile()``; capture runs them on scratch inputs, so the streaming state is then
     reset in place as the server does per connection. ``batch``: bind the contract's
-    lockstep at that width (a pair streaming at that batch size). Returns the ``Binding``."""
+    lockstep at that width (a pair streaming at that batch size), with ``proof`` (a
+    ``prove_lockstep`` proof of that width) if given. Returns the ``Binding``."""
     from moshi.utils.compile import _is_cuda_graph_enabled, no_compile
 
     if _is_cuda_graph_enabled():
@@ -203,7 +205,9 @@ def bind_adapter(
 
     model = types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
     with no_compile():
-        binding = adapter.bind(model, device=device, capture=False, progress=progress, batch=batch)
+        binding = adapter.bind(
+            model, device=device, capture=False, progress=progress, batch=batch, proof=proof
+        )
         if capture and binding.device.type == "cuda":
             binding.capture(progress=progress)
             mimi.reset_streaming()

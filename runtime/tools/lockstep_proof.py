@@ -43,10 +43,14 @@ def prove_lockstep(
     *,
     keep_bytes: int = DEFAULT_KEEP_BYTES,
     inputs: str = "",
+    warmup: bool = True,
 ) -> LockstepProof:
     """The proof of ``decl``'s batched callables at ``width`` (module docstring):
     ``run_one()`` streams batch 1, ``run_batched()`` width ``width`` with row 0 the same
-    inputs and state. Both call the callables at their sites on ``model`` (unbound)."""
+    inputs and state. Both call the callables at their sites on ``model`` (unbound), each
+    from the same starting state every time it runs (a fresh stream). ``warmup``: run
+    ``run_one()`` once first, untraced, so what a model builds on first use (Mimi's
+    codebook, computed and cached by its first encode) is not an op of one run only."""
     if type(width) is not int or width < 2:
         raise ValueError(f"prove_lockstep: width must be an int >= 2, got {width!r}")
     at = decl.at_width(width)  # ValueError for a width the contract does not declare
@@ -78,6 +82,8 @@ def prove_lockstep(
         return call
 
     try:
+        if warmup:
+            _with_sites(model, batched, stock, run_one)
         _with_sites(model, batched, {k.name: recording(k.name) for k in batched}, run_one)
         for k in batched:
             checkers[k.name] = RowChecker(model, recorders[k.name], width)
