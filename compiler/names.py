@@ -76,6 +76,7 @@ GENERATED_NAMES = frozenset(
         "params",
         "ambient",
         "batch",
+        "proof",
     }
 )
 # Prefixes and suffixes of names generated code once derived from contract names; no
