@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import re
 import statistics
 import sys
 import time
@@ -80,7 +79,21 @@ def width_ticks(
     return row
 
 
-ROW_OP = re.compile(r"(?P<op>\S+)(?: in (?P<scope>\S+))?(?: by (?P<n>\d+))?")
+def read_rows(ops: str) -> dict[str, int]:
+    """``OPS`` read as a contract's ``rows {OPS}`` (the DSL's own parser): each per-row
+    op (``aten.mm.default in transformer.layers.*.gating``) with its block."""
+    from duplexcadence.dsl.parser import parse
+
+    text = (
+        "contract probe\nclock f = 1 per call\ncallable c {\n  site c\n  per f\n"
+        f"  batch widths {{1}} rows {{{ops}}}\n}}\n"
+    )
+    contract, diagnostics = parse(text)
+    if diagnostics or not contract.callables:
+        why = diagnostics[0].message if diagnostics else "no rows"
+        raise SystemExit(f"bench.lockstep_ticks: --rows: cannot read '{ops}': {why}")
+    batch = contract.callables[0].batch
+    return dict(zip(batch.rows, batch.row_blocks()))
 
 
 def override_rows(specs: list[str]) -> None:
@@ -92,13 +105,7 @@ def override_rows(specs: list[str]) -> None:
     wanted: dict[str, dict[str, int]] = {}
     for spec in specs:
         name, _, ops = spec.partition("=")
-        rows = wanted.setdefault(name.strip(), {})
-        for op in filter(None, (o.strip() for o in ops.split(","))):
-            m = ROW_OP.fullmatch(op)
-            if m is None:
-                raise SystemExit(f"bench.lockstep_ticks: --rows: cannot read '{op}'")
-            key = m["op"] if m["scope"] is None else f"{m['op']} in {m['scope']}"
-            rows[key] = int(m["n"] or 1)
+        wanted.setdefault(name.strip(), {}).update(read_rows(ops))
     declared = {k.name: k.batch for k in DECLARED.callables if k.batch is not None}
     unknown = set(wanted) - set(declared)
     if unknown:
