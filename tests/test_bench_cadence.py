@@ -211,35 +211,52 @@ def test_pool_counters_come_from_the_servers_stats():
     assert summary.pool_counters([{"server": {}}]) == {}  # a stock arm: nothing to say
 
 
-def test_sessions_are_no_result_against_references_that_move(monkeypatch, tmp_path):
-    """A second solo run of a session that answers other bytes: the references move,
-    so no arm's sessions count as exact."""
+def ok_worker(group: list, hashes: dict) -> dict:
+    """A worker's result for ``group`` whose sessions all answer ``hashes``."""
+    return {
+        "status": "ok",
+        "setup_s": 1.0,
+        "chunks": {"k": [0] * len(group), "latency_ms": [10.0] * len(group)},
+        "peak_mib": None,
+        "hashes": {str(i): dict(hashes) for i in group},
+    }
+
+
+def fake_sweep(monkeypatch, tmp_path, run_group, n: int, *flags: str) -> dict:
+    """A sweep of stock_inproc at ``n`` sessions whose worker processes are
+    ``run_group(group, again)`` (``again``: the group's sessions already ran in this
+    launch, a reference's second solo run); its document."""
 
     def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
-        seen: set = set()  # a session's second solo run in one launch answers other bytes
-
-        def run(g: list) -> dict:
-            again = bool(seen & set(g))
+        seen: set = set()
+        results = []
+        for g in groups:
+            results.append(run_group(g, bool(seen & set(g))))
             seen.update(g)
-            return {
-                "status": "ok",
-                "setup_s": 1.0,
-                "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
-                "peak_mib": None,
-                "hashes": {str(i): {"pcm_sha256": "moved" if again else "h"} for i in g},
-            }
-
-        return [run(g) for g in groups]
+        return results
 
     monkeypatch.setattr(sweep, "launch", fake_launch)
     args = cli.parse_args(
-        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", "2",
-         "--duration", "1", "--references", "2", "--out", str(tmp_path / "s")]
+        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", str(n),
+         "--duration", "1", *flags, "--out", str(tmp_path / "s")]
     )  # fmt: skip
-    args.arm_n = {"stock_inproc": [2]}
+    args.arm_n = {"stock_inproc": [n]}
     run = sweep.Sweep(fake_sessions.SESSIONS, args, None, sweep.GpuSampler(99))
     run.sweep()
-    doc = run.write(complete=True)
+    return run.write(complete=True)
+
+
+def test_sessions_are_no_result_against_references_that_move(monkeypatch, tmp_path):
+    """A second solo run of a session that answers other bytes: the references move,
+    so no arm's sessions count as exact."""
+    doc = fake_sweep(
+        monkeypatch,
+        tmp_path,
+        lambda g, again: ok_worker(g, {"pcm_sha256": "moved" if again else "h"}),
+        2,
+        "--references",
+        "2",
+    )
     assert doc["reference_reproducible"] is False
     assert doc["arms"]["stock_inproc"]["all_sessions_exact"] is None
     assert "did not reproduce" in doc["arms"]["stock_inproc"]["exact_note"]
@@ -249,34 +266,15 @@ def test_a_failed_second_solo_run_leaves_the_references_unchecked(monkeypatch, t
     """A second solo run that fails (out of memory beside the other reference processes,
     as on an 80 GB card) says nothing about whether the references move: unchecked, not
     "did not reproduce", and the sessions are still compared with the references."""
-
-    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
-        seen: set = set()
-
-        def run(g: list) -> dict:
-            again = bool(seen & set(g))
-            seen.update(g)
-            if again:
-                return {"status": "error", "error": "OutOfMemoryError: CUDA out of memory"}
-            return {
-                "status": "ok",
-                "setup_s": 1.0,
-                "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
-                "peak_mib": None,
-                "hashes": {str(i): {"pcm_sha256": "h"} for i in g},
-            }
-
-        return [run(g) for g in groups]
-
-    monkeypatch.setattr(sweep, "launch", fake_launch)
-    args = cli.parse_args(
-        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", "2",
-         "--duration", "1", "--references", "2", "--out", str(tmp_path / "s")]
-    )  # fmt: skip
-    args.arm_n = {"stock_inproc": [2]}
-    run = sweep.Sweep(fake_sessions.SESSIONS, args, None, sweep.GpuSampler(99))
-    run.sweep()
-    doc = run.write(complete=True)
+    oom = {"status": "error", "error": "OutOfMemoryError: CUDA out of memory"}
+    doc = fake_sweep(
+        monkeypatch,
+        tmp_path,
+        lambda g, again: oom if again else ok_worker(g, {"pcm_sha256": "h"}),
+        2,
+        "--references",
+        "2",
+    )
     assert doc["reference_reproducible"] is None
     assert "exact_note" not in doc["arms"]["stock_inproc"]
     assert any(s["arm"] == "reference repeat" for s in doc["skipped"])
@@ -285,29 +283,16 @@ def test_a_failed_second_solo_run_leaves_the_references_unchecked(monkeypatch, t
 def test_a_run_keeps_per_step_hashes_only_of_referenced_sessions(monkeypatch, tmp_path):
     """Whole-stream hashes decide exactness; per-step ones only locate a difference from
     a reference, so a session without one keeps its whole-stream hashes alone."""
-
-    def fake_launch(wl, args, arm, groups, unpaced, limit_s=None):
-        def run(g: list) -> dict:
-            return {
-                "status": "ok",
-                "setup_s": 1.0,
-                "chunks": {"k": [0] * len(g), "latency_ms": [10.0] * len(g)},
-                "peak_mib": None,
-                "hashes": {str(i): {"pcm_sha256": "h", "chunk_pcm_sha256": ["a", "b"]} for i in g},
-            }
-
-        return [run(g) for g in groups]
-
-    monkeypatch.setattr(sweep, "launch", fake_launch)
-    args = cli.parse_args(
-        ["--workload", "tests.fake_sessions", "--arms", "stock_inproc", "--n", "3",
-         "--duration", "1", "--references", "1", "--reference-repeats", "0",
-         "--out", str(tmp_path / "s")]
-    )  # fmt: skip
-    args.arm_n = {"stock_inproc": [3]}
-    run = sweep.Sweep(fake_sessions.SESSIONS, args, None, sweep.GpuSampler(99))
-    run.sweep()
-    doc = run.write(complete=True)
+    doc = fake_sweep(
+        monkeypatch,
+        tmp_path,
+        lambda g, again: ok_worker(g, {"pcm_sha256": "h", "chunk_pcm_sha256": ["a", "b"]}),
+        3,
+        "--references",
+        "1",
+        "--reference-repeats",
+        "0",
+    )
     hashes = doc["runs"][-1]["workers"][0]["hashes"]
     assert hashes["0"] == {"pcm_sha256": "h", "chunk_pcm_sha256": ["a", "b"]}
     assert hashes["1"] == hashes["2"] == {"pcm_sha256": "h"}

@@ -98,23 +98,30 @@ def test_per_row_splits_folded_rows_and_never_a_weight():
     assert torch.equal(got, torch.cat([lin(x[:3]), lin(x[3:])]))
 
 
+class MmShapes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The first argument's shape of each ``aten.mm.default`` call that reaches it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) == "aten.mm.default":
+            self.seen.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
 def test_per_row_blocks_run_the_op_on_that_many_sessions_at_once():
     # `rows {aten.mm.default by 2}` at width 4: two calls of two sessions each (the
     # batch-2 call's bits, where the proof found the kernel invariant up to 2)
     lin = torch.nn.Linear(8, 8, bias=False)
     x = torch.randn(4 * 3, 8, generator=torch.Generator().manual_seed(2))
-    seen: list[tuple] = []
-
-    class Shapes(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func) == "aten.mm.default":
-                seen.append(tuple(args[0].shape))
-            return func(*args, **(kwargs or {}))
+    shapes = MmShapes()
 
     per_row = PerRow({"aten.mm.default": 2}, 4, weight_storages(lin))
-    with Shapes(), per_row:  # the mode entered last sees the call first
+    with shapes, per_row:  # the mode entered last sees the call first
         got = lin(x)
-    assert seen == [(6, 8), (6, 8)]
+    assert shapes.seen == [(6, 8), (6, 8)]
     assert torch.equal(got, torch.cat([lin(x[:6]), lin(x[6:])]))
     with pytest.raises(ValueError, match="divide the width 4"):
         PerRow({"aten.mm.default": 3}, 4)
@@ -259,21 +266,15 @@ def test_a_per_row_op_scoped_to_a_module_runs_per_row_only_inside_it():
 
     m = TwoLinears()
     x = torch.randn(4, 1, 8, generator=torch.Generator().manual_seed(8))
-    seen: list[tuple] = []
-
-    class Shapes(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func) == "aten.mm.default":
-                seen.append(tuple(args[0].shape))
-            return func(*args, **(kwargs or {}))
+    shapes = MmShapes()
 
     per_row = PerRow(
         {"aten.mm.default in gating": 2}, 4, weight_storages(m), modules=module_paths(m)
     )
-    with torch.inference_mode(), Shapes(), per_row:
+    with torch.inference_mode(), shapes, per_row:
         got = m(x)
     # the projection outside `gating` ran whole (4 rows), the one inside on blocks of 2
-    assert seen == [(4, 8), (2, 8), (2, 8)] and per_row.calls == 1
+    assert shapes.seen == [(4, 8), (2, 8), (2, 8)] and per_row.calls == 1
     with torch.inference_mode():
         h = m.proj(x)
         assert torch.equal(got, torch.cat([m.gating(h[:2]), m.gating(h[2:])]))
