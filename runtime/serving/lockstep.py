@@ -181,7 +181,7 @@ class LockstepPool:
                 # reset at the next tick, with every slot opened since: one reset call
                 # for the sessions of a ramp, not one each (Moshi's walks every module)
                 self._resets.add(session.slot)
-        self.log.counters["opened"] += 1
+        self.log.opened()
         return session
 
     def _release(self, session: LockstepSession) -> None:

@@ -49,6 +49,10 @@ class TickLog:
         c["gap_s"] += gap
         c["max_gap_s"] = max(c["max_gap_s"], gap)
 
+    def opened(self) -> None:
+        """A session opened on a slot."""
+        self.counters["opened"] += 1
+
     def held(self, seconds: float) -> None:
         """The model's row mask changed before a tick (``hold``), taking ``seconds``."""
         self.counters["holds"] += 1
