@@ -11,7 +11,12 @@ was invalidated (cudaErrorStreamCaptureInvalidated) where a fresh process captur
 A tick's time is what bounds sessions per GPU: with ticks of T ms every frame is served
 within 2T (it waits for the tick in progress, then runs in the next), so the 160 ms
 deadline of an 80 ms cadence holds while T <= 80 ms minus the gather window.
-``--rows-off`` binds with no per-row op (every kernel batched whole): not exact, the
+``--rows CALLABLE=OPS`` tries other per-row ops; they are proven at bind first
+(``--prove FRAMES``, the proven arms' ``prove_lockstep``), and a width they do not hold
+at is reported refused, with the broken ops, not timed. ``outputs_sha256`` alone is no
+evidence: on the H100 at 32, gating-only rows gave the contract's hash over 30 ticks
+while the proof named every attention output projection and sessions diverged from
+their solo runs (bench/results/sessions_moshi_h100.md). ``--rows-off`` binds with no per-row op (every kernel batched whole): not exact, the
 floor that says what running the contract's ``rows`` one session at a time costs.
 ``--row-streams K`` runs each per-row op's blocks on K side streams (0: one after the
 other; runtime/engine/per_row.py). ``outputs_sha256`` hashes every tick's token IDs and
@@ -32,15 +37,25 @@ import torch
 from bench.cadence import Arm
 from bench.sessions_moshi import LockstepSessions
 from bench.workloads import moshi as W
-from duplexcadence.runtime import determinism_settings, pin_determinism
+from bench.sessions_moshi import PROOF_FRAMES
+from duplexcadence.runtime import LockstepNotProven, determinism_settings, pin_determinism
 
 
 def width_ticks(
-    width: int, ticks: int, warmup: int, device: torch.device, lm_kwargs: dict | None = None
+    width: int,
+    ticks: int,
+    warmup: int,
+    device: torch.device,
+    lm_kwargs: dict | None = None,
+    prove_frames: int = 0,
 ) -> dict:
     t = time.perf_counter()
-    arm = Arm(f"batch{width}", "inproc", "", {"width": width})
-    server = LockstepSessions(arm, device, lm_kwargs)
+    options = {"width": width, **({"prove_frames": prove_frames} if prove_frames else {})}
+    arm = Arm(f"batch{width}", "inproc", "", options)
+    try:
+        server = LockstepSessions(arm, device, lm_kwargs)
+    except LockstepNotProven as e:  # the rows do not hold at this width on this device
+        return {"width": width, "proven": False, "refused": str(e)}
     setup_s = time.perf_counter() - t
     server.pool.shut_down()  # the ticks are driven here, every slot in
     frames = [torch.cat(W.pcm_stream(1000 + r, warmup + ticks)) for r in range(width)]
@@ -70,6 +85,9 @@ def width_ticks(
         "row_streams": len(server.binding.rows.streams),
         "outputs_sha256": outputs.hexdigest(),
     }
+    if server.binding.lockstep_proof is not None:
+        row["proven"] = True
+        row["proof"] = server.binding.lockstep_proof.summary()
     server.binding.unbind()
     del server
     if device.type == "cuda":
@@ -129,8 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="CALLABLE=OP[ in MODULE][ by N],...",
-        help="run these per-row ops instead of the contract's for CALLABLE (an experiment: "
-        "compare outputs_sha256 with the contract's run before changing it)",
+        help="run these per-row ops instead of the contract's for CALLABLE (an experiment; "
+        f"proven at bind over {PROOF_FRAMES} frames unless --prove says otherwise)",
+    )
+    p.add_argument(
+        "--prove",
+        type=int,
+        metavar="FRAMES",
+        help="prove the rows at the width over FRAMES frames before binding (the proven "
+        f"arms' prove_lockstep; default {PROOF_FRAMES} with --rows, else 0: no proof)",
     )
     p.add_argument("--tiny-cpu", action="store_true", help="a dry run: the tiny LM on the CPU")
     p.add_argument("--out", help="JSON path (default: stdout only)")
@@ -152,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     lm_kwargs = W.TINY_LM_KWARGS if args.tiny_cpu else W.FULL_7B
     rows: list[dict] = []
     with pin_determinism(extra=W.DETERMINISM):
-        rows.append(width_ticks(args.width, args.ticks, args.warmup, device, lm_kwargs))
+        prove = args.prove if args.prove is not None else PROOF_FRAMES if args.rows else 0
+        if prove and args.rows_off:
+            raise SystemExit("bench.lockstep_ticks: --rows-off is inexact by design: no --prove")
+        rows.append(width_ticks(args.width, args.ticks, args.warmup, device, lm_kwargs, prove))
         rows[-1]["rows"] = (
             "off (inexact)" if args.rows_off else args.rows if args.rows else "as declared"
         )

@@ -150,3 +150,22 @@ def test_the_contracts_rows_are_proven_on_the_vendor_code_and_a_proof_without_th
     W.start_streaming(mimi, lm_gen, 8)
     with pytest.raises(LockstepNotProven, match="'mimi_decode' is not proven"):
         W.bind_adapter(mimi, lm_gen, torch.device("cpu"), batch=8, proof=unproven)
+
+
+def test_lockstep_ticks_proves_other_rows_before_timing_them(monkeypatch, tmp_path):
+    # bench.lockstep_ticks --rows: rows that do not hold at the width are refused at bind
+    # with the ops that broke, never timed (an equal outputs_sha256 over a few ticks is
+    # no evidence: on the H100 gating-only rows matched it and sessions diverged)
+    import json
+
+    from bench import lockstep_ticks
+    from duplexcadence.runtime.serving.declared import BatchDecl
+
+    monkeypatch.setattr(BatchDecl, "row_ops", BatchDecl.row_ops)  # --rows patches it
+    out = tmp_path / "ticks.json"
+    argv = ["--width", "8", "--ticks", "1", "--warmup", "1", "--tiny-cpu", "--out", str(out)]
+    assert lockstep_ticks.main([*argv, "--rows", "mimi_encode=aten.mm.default"]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["proven"] is False and "tick_ms_p50" not in row
+    assert "'mimi_encode' is not proven" in row["refused"]
+    assert "aten.convolution.default in mimi." in row["refused"]
