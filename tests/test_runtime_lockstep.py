@@ -352,3 +352,22 @@ def test_bad_pool_arguments(kwargs, error):
     args = {"width": 2, "step": lambda x: x, **kwargs}
     with pytest.raises(error):
         LockstepPool(args.pop("width"), args.pop("step"), **args)
+
+
+def test_on_a_clock_a_session_opened_between_ticks_is_reset_before_the_beat_not_in_the_tick():
+    # Moshi's reset took 13 ms of each ramp tick: on a clock the ticker resets the slots
+    # opened since the last tick while it waits for the beat, and the tick only steps
+    binding, pool = pool_of(period_s=0.05)
+    a = pool.open()
+    for x in inputs(50, 2):
+        a.step(x)
+    ticks = pool.stats()["ticks"]
+    b = pool.open()
+    deadline = time.perf_counter() + 2.0
+    while pool.stats()["resets"] < 2 and time.perf_counter() < deadline:
+        time.sleep(0.005)
+    assert pool.stats()["resets"] == 2 and pool.stats()["ticks"] == ticks  # no tick ran it
+    outs = [b.step(x) for x in inputs(51, 3)]
+    assert all(torch.equal(o, want) for o, want in zip(outs, solo(51, 3)))
+    assert pool.stats()["resets"] == 2  # the tick that served b did not reset again
+    binding.unbind()

@@ -33,9 +33,11 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
   Without ``hold`` a parked row would advance its slot's state on the park input, so a
   tick waits for every open session (a slot nobody holds is still parked: its state
   is reset when a session opens on it);
-* ``open()`` takes a free slot; the next tick first calls ``reset(mask)`` once for
-  every slot opened since the last (the vendor's ``reset_streaming(reset_mask)``);
-  ``close()`` frees it.
+* ``open()`` takes a free slot; one ``reset(mask)`` call resets every slot opened since
+  the last (the vendor's ``reset_streaming(reset_mask)``): on a clock, between ticks,
+  just before the beat (the ticker is idle then; Moshi's reset took 13 ms of each ramp
+  tick on the H100, bench/results/sessions_moshi_h100.md), else first thing in the next
+  tick; ``close()`` frees it.
 
 Exactness is the binding's: each tick is the batched graph (or its eager call) of the
 contract's lockstep, whose per-row ops give each row its batch-1 bits; a session's
@@ -158,7 +160,9 @@ class LockstepPool:
         self._cond = threading.Condition()
         self._sessions: dict[int, LockstepSession] = {}
         self._queues: dict[int, deque[LockstepFrame]] = {}  # slot: frames not yet served
-        self._resets: set[int] = set()  # slots opened since the last tick: reset at the next
+        self._resets: set[int] = set()  # slots opened since the last reset
+        self._reset_s = 0.0  # the last reset's seconds: a clock resets that long before a beat
+        self._retry_in_tick = False  # a reset between ticks failed: the tick tries it again
         self._template: torch.Tensor | None = None  # a row's shape, dtype and device
         self._held: torch.Tensor | None = None  # the rows the model runs (hold's mask)
         self._closed = False
@@ -181,6 +185,7 @@ class LockstepPool:
                 # reset at the next tick, with every slot opened since: one reset call
                 # for the sessions of a ramp, not one each (Moshi's walks every module)
                 self._resets.add(session.slot)
+                self._cond.notify_all()  # the ticker may reset it before the beat
         self.log.opened()
         return session
 
@@ -259,13 +264,20 @@ class LockstepPool:
             return now >= self._beat
         return now - first_in >= self.gather_s
 
+    def _reset_due(self) -> bool:
+        """Whether to reset the opened slots now, between ticks: on a clock, once the
+        beat is nearer than a reset takes (every slot opened until then in one call), or
+        at once while no beat is set (every open session was in for each tick so far)."""
+        if not self._resets or self.period_s is None or self._retry_in_tick:
+            return False
+        return self._beat is None or time.perf_counter() >= self._beat - self._reset_s
+
     def _wait_s(self) -> float | None:
         """How long the ticker sleeps before it looks again (a submission wakes it)."""
-        if not self._queues:
-            return None
         if self.period_s is not None and self._beat is not None:
-            return max(0.0, self._beat - time.perf_counter())
-        return self.gather_s
+            lead = self._reset_s if self._resets and not self._retry_in_tick else 0.0
+            return max(0.0, self._beat - lead - time.perf_counter())
+        return None if not self._queues else self.gather_s
 
     def _next_beat(self, started: float) -> None:
         """After a tick that started at ``started``: the beat of the next one. A tick
@@ -278,25 +290,30 @@ class LockstepPool:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._ready():
+                while not self._closed and not (ready := self._ready()) and not self._reset_due():
                     self._cond.wait(self._wait_s())
                 if self._closed:
                     for queue in self._queues.values():
                         for frame in queue:
                             frame.finish(error=RuntimeError("lockstep pool shut down"))
                     return
-                partial = not set(self._sessions) <= set(self._queues)
-                batch = {slot: q.popleft() for slot, q in self._queues.items()}
-                self._queues = {slot: q for slot, q in self._queues.items() if q}
-                self._cond.notify_all()  # a session at max_ahead may hand in one more
-                self._next_beat(time.perf_counter())
-            self._tick(batch, partial)
+                if ready:
+                    partial = not set(self._sessions) <= set(self._queues)
+                    batch = {slot: q.popleft() for slot, q in self._queues.items()}
+                    self._queues = {slot: q for slot, q in self._queues.items() if q}
+                    self._cond.notify_all()  # a session at max_ahead may hand in one more
+                    self._next_beat(time.perf_counter())
+            if ready:
+                self._tick(batch, partial)
+            else:  # the beat is near and slots were opened: reset them while idle
+                self._reset_between_ticks()
 
     def _tick(self, batch: dict[int, LockstepFrame], partial: bool) -> None:
         t = time.perf_counter()
         try:
             rows = [batch[i].row if i in batch else self._template for i in range(self.width)]
             # the model is touched on this thread only: resets, holds and the step
+            self._retry_in_tick = False
             self._reset_opened()
             if self._hold is not None:
                 mask = self._mask(sorted(batch))
@@ -315,6 +332,12 @@ class LockstepPool:
                 frame.finish(results[i])
         self.log.tick(t, time.perf_counter(), len(batch), partial)
 
+    def _reset_between_ticks(self) -> None:
+        try:
+            self._reset_opened()
+        except Exception:  # noqa: BLE001 - the next tick tries again and fails loudly
+            self._retry_in_tick = True
+
     def _reset_opened(self) -> None:
         """Reset the slots opened since the last tick, in one call (before their first
         frame: a slot's session hands in only after open() returned)."""
@@ -331,7 +354,8 @@ class LockstepPool:
                     self._resets.update(slots)
                 raise
             self._held = None  # a reset may turn its rows back on (Moshi's does)
-            self.log.reset(time.perf_counter() - t)
+            self._reset_s = time.perf_counter() - t
+            self.log.reset(self._reset_s)
 
     @property
     def timeline(self) -> list[tuple[float, float, float, int, bool]]:
