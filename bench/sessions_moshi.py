@@ -329,7 +329,7 @@ SESSIONS = SessionWorkload(
                 options={"width": w, "prove_frames": PROOF_FRAMES},
                 needs_cuda=True,
             )
-            for w in (16, 32)
+            for w in (8, 16, 24, 32)
         ),
     ),
     reference="stock_solo",
