@@ -140,6 +140,18 @@ class CallableAnalysis(_Frozen):
         return ", ".join(shown) or "-"
 
 
+class ChannelAnalysis(_Frozen):
+    """A channel (compiler/channel_rules.py): host memory of `capacity` entries that the
+    producer's copies land in, published `batch` at a time, read per tick of `clock`."""
+
+    name: str
+    dtype: str
+    capacity: int
+    batch: int
+    clock: str
+    host_bytes: int
+
+
 class Analysis(_Frozen):
     contract: str
     budget: int
@@ -150,6 +162,7 @@ class Analysis(_Frozen):
     reserve_bytes: int
     # the contract's one lockstep (every batched callable declares the same widths)
     batch_widths: tuple[int, ...] = ()
+    channels: tuple[ChannelAnalysis, ...] = ()
 
     @property
     def batched(self) -> bool:
@@ -491,5 +504,17 @@ def analyse(checked: Checked) -> tuple[Analysis, list[Diagnostic]]:
         stock_bytes=stock,
         reserve_bytes=reserve,
         batch_widths=batch_widths,
+        channels=tuple(
+            ChannelAnalysis(
+                name=ch.name,
+                dtype=ch.dtype,
+                capacity=capacity,
+                batch=batch,
+                clock=ch.clock,
+                host_bytes=capacity * DTYPE_BYTES[ch.dtype],
+            )
+            for ch in c.channels
+            for capacity, batch in [checked.channels[ch.name]]
+        ),
     )
     return analysis, problems

@@ -24,6 +24,7 @@ from duplexcadence.compiler.lowered import (
     Counter,
     DictNode,
     FieldValue,
+    Channel,
     Fold,
     Guard,
     Leaf,
@@ -403,7 +404,11 @@ def lower(
         for f in sorted(c.folds, key=lambda f: f.name)
         if f.site is not None and f.by is not None  # (validation refuses the others)
     )
-    imports, uses_torch = _imports(common, regions, callables, constants, params, folds)
+    channels = tuple(
+        Channel(ch.name, ch.dtype, *checked.channels[ch.name], ch.clock)
+        for ch in sorted(c.channels, key=lambda ch: ch.name)
+    )
+    imports, uses_torch = _imports(common, regions, callables, constants, params, folds, channels)
     return LoweredContract(
         compiler_version=compiler_version,
         contract=c.name,
@@ -421,6 +426,7 @@ def lower(
         constants=constants,
         params=params,
         folds=folds,
+        channels=channels,
         batch_widths=analysis.batch_widths,
     )
 
@@ -439,7 +445,9 @@ def _nodes(catalog: Catalog):
             yield n
 
 
-def _imports(common, regions, callables, constants, params, folds) -> tuple[tuple[str, ...], bool]:
+def _imports(
+    common, regions, callables, constants, params, folds, channels
+) -> tuple[tuple[str, ...], bool]:
     """The runtime names contract.py uses, and whether it uses torch (generated code
     imports only what it uses)."""
     used = {"CallableDecl", "ContractDecl", "Effect", "RegionTable"}
@@ -452,6 +460,8 @@ def _imports(common, regions, callables, constants, params, folds) -> tuple[tupl
         used.add("ParamDecl")
     if folds:
         used.add("FoldDecl")
+    if channels:
+        used.add("ChannelDecl")
     if any(k.batch is not None for k in callables):
         used.add("BatchDecl")
     for k in callables:

@@ -228,6 +228,18 @@ class Fold:
 
 
 @dataclass(frozen=True)
+class Channel:
+    """`ChannelDecl(name, dtype, capacity=, batch=, clock=)`: a producer's append-only
+    buffer (runtime/state/channel.py)."""
+
+    name: str
+    dtype: str
+    capacity: int
+    batch: int
+    clock: str
+
+
+@dataclass(frozen=True)
 class Param:
     """A session parameter's domain: `ParamDecl(name, lo=, hi=, default=, capture=, hold=)`."""
 
@@ -256,6 +268,7 @@ class LoweredContract:
     constants: tuple[Constant, ...]
     params: tuple[Param, ...] = ()  # session parameters, if the contract declares any
     folds: tuple[Fold, ...] = ()  # weights folded at bind, if the contract declares any
+    channels: tuple[Channel, ...] = ()  # producers' buffers, if the contract declares any
     # the widths of the contract's lockstep, if a callable is batched: bind() takes `batch`
     batch_widths: tuple[int, ...] = ()
 

@@ -27,6 +27,7 @@ GENERATED_NAMES = frozenset(
         "CATALOG",
         "CALLABLES",
         "CONSTANTS",
+        "CHANNELS",
         "CONTRACT",
         "DECLARED",
         "DETERMINISM",
@@ -43,6 +44,7 @@ GENERATED_NAMES = frozenset(
         "BatchDecl",
         "CallableDecl",
         "CaptureClass",
+        "ChannelDecl",
         "CatalogDecl",
         "ConstantDecl",
         "ContractDecl",
@@ -123,6 +125,7 @@ def check_names(contract: ir.Contract) -> list[Diagnostic]:
         ("callable", contract.callables),
         ("constant", contract.constants),
         ("fold", contract.folds),
+        ("channel", contract.channels),
     ):
         for node in nodes:
             problem = identifier_problem(node.name)

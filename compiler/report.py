@@ -41,7 +41,11 @@ _BATCH_ONLY = {
 
 
 def analysis_json(a: Analysis) -> dict:
-    return a.model_dump(mode="json", exclude=None if a.batched else _BATCH_ONLY)
+    # a contract without channels (or lockstep) documents what it did before they existed
+    exclude = {} if a.batched else dict(_BATCH_ONLY)
+    if not a.channels:
+        exclude["channels"] = True
+    return a.model_dump(mode="json", exclude=exclude or None)
 
 
 def analysis_tables(a: Analysis, *, width: int = 120) -> str:
@@ -165,6 +169,12 @@ def catalog_and_session(a: Analysis, per_session_bytes: int) -> str:
         f"{a.contract}: {per_session_bytes:,} bytes per session (regions of lifetime turn "
         "or session)"
     )
+    for ch in a.channels:
+        lines.append(
+            f"{a.contract}: channel {ch.name}: {ch.capacity} x {ch.dtype} ({ch.host_bytes:,} "
+            f"bytes of host memory for each producer run), published {ch.batch} at a time, read "
+            f"per {ch.clock}"
+        )
     if a.batched:
         widest = max(a.batch_widths)
         slotted = sum(r.batch_bytes or 0 for r in a.regions)

@@ -18,6 +18,7 @@ from typing import Mapping
 
 from duplexcadence.compiler.batch_rules import BatchRules
 from duplexcadence.compiler.callable_rules import CallableRules
+from duplexcadence.compiler.channel_rules import ChannelRules
 from duplexcadence.compiler.commit_rules import CommitRules
 from duplexcadence.compiler.control_rules import ControlRules
 from duplexcadence.compiler.counter_advance import Amounts
@@ -71,9 +72,11 @@ class Checked:
     commit_amounts: dict[tuple[str, str], Amounts | AmountSet] = field(default_factory=dict)
     # (callable, control) -> the declared range of a control (control_rules.py)
     controls: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    # channel -> (capacity, batch): its entries and how many one publish appends
+    channels: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-class _Validator(RegionRules, CallableRules, ControlRules, CommitRules, BatchRules):
+class _Validator(RegionRules, CallableRules, ControlRules, CommitRules, BatchRules, ChannelRules):
     def __init__(self, contract: ir.Contract, params: Mapping[str, int] | None = None):
         self.c = contract
         self.diags: list[Diagnostic] = []
@@ -141,6 +144,8 @@ class _Validator(RegionRules, CallableRules, ControlRules, CommitRules, BatchRul
             self.check_constant(constant)
         for fold in self.c.folds:
             self.check_fold(fold)
+        for channel in self.c.channels:
+            self.check_channel(channel)
         self.check_pins_written()
         self.check_documented()
         if self.error_count() == 0:
@@ -182,6 +187,7 @@ class _Validator(RegionRules, CallableRules, ControlRules, CommitRules, BatchRul
             ("callable", self.c.callables),
             ("constant", self.c.constants),
             ("fold", self.c.folds),
+            ("channel", self.c.channels),
         ]
         for kind, nodes in groups:
             for node in nodes:

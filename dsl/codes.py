@@ -476,6 +476,12 @@ _CODES = [
         "bad per-row op name",
         "`rows {...}` names ATen ops as `aten.<op>` or `aten.<op>.<overload>` (e.g. `aten.mean.dim`): the ops the batched call runs one session at a time (`aten.mm.default by 8`: on blocks of 8 sessions, where N >= 1 divides every width; `aten.mm.default in gating`: only inside modules whose path holds `gating`), none listed twice; and `rows` with a batch axis other than 0 (a per-row op splits its tensors on the leading axis).",
     ),
+    Code(
+        "CLK107",
+        "error",
+        "malformed channel",
+        "A channel is `channel NAME { dtype D  dims [N]  batch B  clock C }`: one axis of N >= 1 entries, published B at a time (1 <= B <= N), its readiness recorded per tick of a declared clock C.",
+    ),
     # ---- warnings
     Code(
         "CLK501",

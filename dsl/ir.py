@@ -370,6 +370,22 @@ class Fold(Node):
     prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
 
 
+class Channel(Node):
+    """`channel NAME { dtype D  dims [N]  batch B  clock C }`: an append-only buffer of N
+    entries that a producer fills B at a time and another call reads (AS2D's drafter and
+    verifier, one session, two streams); each batch is readable once its copy's event
+    completed, and the entries ready are recorded per tick of `clock` so a replayed run
+    reads the same ones (runtime/state/channel.py)."""
+
+    name: str
+    dtype: DType | None = None
+    dims: tuple[Expr, ...] | None = None
+    publish: Expr | None = None  # `batch B`: entries per published batch
+    clock: str | None = None
+    note: str | None = None
+    prop_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
+
+
 class Contract(Node):
     name: str
     target: str | None = None
@@ -382,3 +398,4 @@ class Contract(Node):
     callables: tuple[Callable, ...] = ()
     constants: tuple[HostConstant, ...] = ()
     folds: tuple[Fold, ...] = ()
+    channels: tuple[Channel, ...] = ()

@@ -207,6 +207,7 @@ class _ToIR(Transformer):
     prop_mode = _prop("mode")
     prop_install = _prop("install")
     prop_by = _prop("by")
+    prop_publish = _prop("publish")
 
     def prop_slot(self, meta, c):
         return _Prop("slot", int(c[0]), meta_span(meta))
@@ -439,6 +440,9 @@ class _ToIR(Transformer):
     def fold_decl(self, meta, c):
         return ("fold", ir.Fold(**self._fold("fold", c[0], c[1:])))
 
+    def channel_decl(self, meta, c):
+        return ("channel", ir.Channel(**self._fold("channel", c[0], c[1:])))
+
     def start(self, meta, items):
         return items
 
@@ -453,6 +457,7 @@ def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | 
         "callables": [],
         "constants": [],
         "folds": [],
+        "channels": [],
     }
     plural = {
         "determinism": "determinism",
@@ -463,6 +468,7 @@ def _fold_contract(items: list, diagnostics: list[Diagnostic]) -> ir.Contract | 
         "callable": "callables",
         "constant": "constants",
         "fold": "folds",
+        "channel": "channels",
     }
     for item in items:
         tag = item[0]

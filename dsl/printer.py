@@ -169,6 +169,14 @@ def _fold(f: ir.Fold) -> list[str]:
     return _block("fold", f.name, props, f.note)
 
 
+def _channel(ch: ir.Channel) -> list[str]:
+    props = [f"dtype {ch.dtype}"] if ch.dtype else []
+    props += [f"dims {dims(ch.dims)}"] if ch.dims is not None else []
+    props += [f"batch {expr(ch.publish)}"] if ch.publish is not None else []
+    props += [f"clock {ch.clock}"] if ch.clock else []
+    return _block("channel", ch.name, props, ch.note)
+
+
 def _param(p: ir.Param) -> str:
     text = f"param {p.name} in {p.lo}..{p.hi}" + (f" {p.unit}" if p.unit else "")
     if p.default is not None:
@@ -211,4 +219,6 @@ def print_contract(c: ir.Contract) -> str:
         lines.extend(_constant(h))
     for f in c.folds:
         lines.extend(_fold(f))
+    for ch in c.channels:
+        lines.extend(_channel(ch))
     return "\n".join(lines) + "\n"

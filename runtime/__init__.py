@@ -130,6 +130,7 @@ from .serving.declared import (  # noqa: E402
     Retains,
     StateObject,
 )
+from .state.channel import Channel, ChannelDecl, ChannelError  # noqa: E402
 from .state.control_outputs import ControlError  # noqa: E402
 from .state.folds import FoldError  # noqa: E402
 from .serving.lane import Lane, LaneError  # noqa: E402
@@ -157,6 +158,9 @@ from .state.sites import (
 )  # noqa: E402
 
 __all__ += [
+    "Channel",
+    "ChannelDecl",
+    "ChannelError",
     "LockstepNotProven",
     "LockstepProof",
     "prove_lockstep",

@@ -40,6 +40,7 @@ from ..engine.ambient import AUTOCAST_OFF, Autocast
 from ..engine.classes import CaptureClass, RegionView, TensorSpec
 from ..engine.effects import Effect
 from .params import ParamDecl
+from ..state.channel import ChannelDecl
 from ..state.regions import RegionSpec
 from ..state.retention import Retention
 from ..state.sites import Step
@@ -247,12 +248,21 @@ class ContractDecl:
     constants: tuple[ConstantDecl, ...] = ()
     params: tuple[ParamDecl, ...] = ()  # values each session binds (params.py)
     folds: tuple[FoldDecl, ...] = ()  # weights folded once at bind (folds.py)
+    channels: tuple[ChannelDecl, ...] = ()  # producers' append-only buffers (channel.py)
 
     def __post_init__(self) -> None:
         regions = dict(self.regions)  # a RegionTable as the dict it stands for
         _normalise(
             self, regions=regions, callables=tuple(_with_pins(k, regions) for k in self.callables)
         )
+
+    def channel(self, name: str) -> ChannelDecl:
+        """The declared channel ``name`` (``Channel(decl, device)`` opens one)."""
+        for ch in self.channels:
+            if ch.name == name:
+                return ch
+        known = ", ".join(ch.name for ch in self.channels) or "none"
+        raise KeyError(f"contract {self.name} declares no channel {name!r} (it has: {known})")
 
     def sites_to_check(self, *, carries: bool = True) -> dict[str, tuple[Step, ...]]:
         """Every site bind() must find before it changes anything. ``carries=False``
