@@ -60,9 +60,14 @@ from typing import Any
 import torch
 
 from bench.workloads import subseed
+from duplexcadence.generated.whisper_decoder.contract import DECLARED as WHISPER_DECODER
+from duplexcadence.runtime import Channel
 from bench.workloads import transformers_whisper as W
 
-BATCH = 8  # tokens per published batch (the paper's)
+# the verifier's contract declares the channel the drafter publishes into (8 a batch, the
+# paper's; runtime/state/channel.py): the shipped contract, every shape's positions alike
+CANDIDATES = WHISPER_DECODER.channel("candidates")
+BATCH = CANDIDATES.batch
 
 
 class Source:
@@ -95,39 +100,6 @@ class Source:
         return self.planned[j : j + 1][None].clone()
 
 
-class Channel:
-    """The producer's append-only candidate buffer. ``publish`` copies a batch to host
-    memory on the producer's stream and appends (end, event); the verifier's ``ready``
-    counts the batches whose event has completed. Published entries never change."""
-
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        cuda = device.type == "cuda"
-        self.host = torch.zeros(capacity, dtype=torch.int64, pin_memory=cuda)
-        self.batches: list[tuple[int, Any]] = []  # appended by the producer only
-        self.cuda, self.closed, self._seen, self._ready = cuda, False, 0, 0
-
-    def publish(self, tokens: torch.Tensor, start: int) -> None:
-        end = start + tokens.numel()
-        self.host[start:end].copy_(tokens.reshape(-1), non_blocking=self.cuda)
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self.batches.append((end, event))
-
-    def ready(self) -> int:
-        """How many leading entries are readable now (monotone)."""
-        while self._seen < len(self.batches):
-            end, event = self.batches[self._seen]
-            if event is not None and not event.query():
-                break
-            self._ready, self._seen = end, self._seen + 1
-        return self._ready
-
-    def tokens(self, start: int, end: int) -> list[int]:
-        return self.host[start:end].tolist()
-
-
 class Producer:
     """The decoupled drafter: encode its audio, prefill, then draft and publish ``limit``
     tokens in batches of ``BATCH``, until the channel closes. ``start()`` runs it on its
@@ -141,11 +113,11 @@ class Producer:
     def run(self, limit: int) -> None:
         request = W.Request(self.state, self.seed)
         token = self.source.token(0, request.prefill().argmax(-1)[:, None])
-        pending, start = [token], 0
+        pending = [token]
         for j in range(1, limit + 1):
             if len(pending) == BATCH or j == limit:
-                self.channel.publish(torch.cat(pending, dim=1), start)
-                pending, start = [], j
+                self.channel.publish(torch.cat(pending, dim=1)[0])
+                pending = []
             if j == limit or self.channel.closed:
                 return
             logits = request.decode(token, len(W.PROMPT) + j - 1)[:, -1]
@@ -173,7 +145,7 @@ class Producer:
         self.thread.start()
 
     def join(self) -> None:
-        self.channel.closed = True
+        self.channel.close()
         if self.thread is not None:
             self.thread.join()
         if self.error is not None:
@@ -271,22 +243,18 @@ class Serial:
 
 class Decoupled:
     """AS2D's verifier side of the channel: the ready candidates at the cursor, and the
-    cursor's alignment after each round. ``schedule``: the ready counts of a recorded
-    run, replayed instead of the channel's live readiness."""
+    cursor's alignment after each round. A channel opened with ``replay=`` (a recorded
+    run's schedule) gives the recorded ready counts instead of live readiness."""
 
-    def __init__(self, channel: Channel, budget: Budget, schedule: list[int] | None = None) -> None:
-        self.channel, self.budget, self.schedule = channel, budget, schedule
-        self.cursor = self.ready = self.rounds = 0
+    def __init__(self, channel: Channel, budget: Budget) -> None:
+        self.channel, self.budget = channel, budget
+        self.cursor = self.ready = 0
         self.available: list[int] = []  # this round's ready candidates, verified or not
 
     def candidates(self, committed: list[int], room: int) -> list[int]:
-        if self.schedule is None:
-            self.ready = self.channel.ready()
-        else:
-            self.ready = self.schedule[self.rounds]
-        self.rounds += 1
+        self.ready = self.channel.ready()  # one tick of the channel's clock: a round
         n = max(0, min(room, self.budget.budget, self.ready - self.cursor))
-        self.available = self.channel.tokens(self.cursor, self.cursor + n)
+        self.available = self.channel.read(self.cursor, self.cursor + n)
         return self.available[: self.budget.choose(n)]
 
     def observe(self, new: list[int]) -> None:
@@ -380,18 +348,18 @@ class Arm:
             serial = Serial(self.drafter, request_seed, source, self.budget)
             return decode_request(request, n, serial, self.budget)
         assert self.loop == "decoupled", self.loop
-        channel = Channel(n, device)
+        channel = Channel(CANDIDATES, device, replay=schedule)
         producer = Producer(self.drafter, request_seed, source, channel)
         if schedule is not None:
             producer.run(n)
         else:
             producer.start(n, device)
         try:
-            verifier = Decoupled(channel, Budget(self.budget, self.cost_ms), schedule)
+            verifier = Decoupled(channel, Budget(self.budget, self.cost_ms))
             out = decode_request(request, n, verifier, self.budget)
         finally:
             producer.join()
-        out.published = channel.tokens(0, channel.ready())
+        out.published = channel.contents()
         return out
 
 
