@@ -125,6 +125,12 @@ channel candidates {
 def test_on_cuda_an_entry_is_ready_once_its_copy_completed():
     ch = Channel(DECL, "cuda")
     side = torch.cuda.Stream()
+    # first uses synchronise (kernel modules load lazily, the host allocator starts):
+    # a throwaway channel publishes once so the timed publish below is what a producer's is
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        Channel(DECL, "cuda").publish(torch.arange(4, device="cuda"))
+    torch.cuda.synchronize()
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)  # the copy waits behind ~tens of ms of work
         ch.publish(torch.arange(4, device="cuda"))
