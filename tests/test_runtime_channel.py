@@ -137,3 +137,25 @@ def test_on_cuda_an_entry_is_ready_once_its_copy_completed():
     assert ch.ready() == 0  # the event has not completed
     side.synchronize()
     assert ch.ready() == 4 and ch.read(0, 4) == [0, 1, 2, 3]
+
+
+def test_producers_on_several_threads_append_whole_batches_and_lose_none():
+    decl = ChannelDecl("c", "int64", capacity=4 * 400, batch=4, clock="round")
+    ch = Channel(decl, "cpu")
+
+    def produce(p: int) -> None:
+        for b in range(100):
+            ch.publish(torch.full((4,), p * 1000 + b))
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ch.ready() == 1600
+    entries = ch.read(0, 1600)
+    batches = [entries[i : i + 4] for i in range(0, 1600, 4)]
+    assert all(len(set(b)) == 1 for b in batches)  # no batch interleaved with another
+    assert sorted(b[0] for b in batches) == sorted(
+        p * 1000 + b for p in range(4) for b in range(100)
+    )

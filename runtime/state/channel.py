@@ -6,9 +6,11 @@ contract declares the buffer (``channel candidates { dtype int64  dims [448]  ba
 clock round }``, compiler/channel_rules.py); this module is what it becomes:
 
 * ``publish(values)`` (the producer) appends up to ``batch`` entries: one copy into host
-  memory on the producer's current stream, then an event recorded behind it. No lock:
-  the list of (end, event) pairs is appended by the producer only, and an entry never
-  changes once published;
+  memory on the producer's current stream, then an event recorded behind it. The
+  producer and the reader share no lock: the list of (end, event) pairs only grows, and
+  an entry never changes once published (producers serialise among themselves, readers
+  among themselves, each side on its own lock: two producer threads append whole
+  batches, one after the other);
 * ``ready()`` (the reader, once per tick of the channel's clock) counts the leading
   entries whose copy's event completed, monotone, and records the count: ``schedule``;
 * ``read(start, end)`` returns entries below the last count ``ready()`` gave.
@@ -23,6 +25,7 @@ raises before anything is copied.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -71,6 +74,7 @@ class Channel:
         self.closed = False
         self.schedule: list[int] = []  # what ready() gave, tick by tick
         self.replay = None if replay is None else [int(n) for n in replay]
+        self._producing, self._reading = threading.Lock(), threading.Lock()
 
     @property
     def published(self) -> int:
@@ -85,22 +89,28 @@ class Channel:
             )
         if values.dtype != self.host.dtype:
             raise TypeError(f"channel {d.name}: publish got {values.dtype}, declared {d.dtype}")
-        n, start = values.numel(), self.published
+        n = values.numel()
         if not 1 <= n <= d.batch:
             raise ValueError(f"channel {d.name}: a publish appends 1..{d.batch} entries, got {n}")
-        if start + n > d.capacity:
-            raise ChannelError(
-                f"channel {d.name}: {start} + {n} entries is past its capacity {d.capacity}"
-            )
-        self.host[start : start + n].copy_(values.reshape(-1), non_blocking=self.cuda)
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self._batches.append((start + n, event))
+        with self._producing:
+            start = self.published
+            if start + n > d.capacity:
+                raise ChannelError(
+                    f"channel {d.name}: {start} + {n} entries is past its capacity {d.capacity}"
+                )
+            self.host[start : start + n].copy_(values.reshape(-1), non_blocking=self.cuda)
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record()
+            self._batches.append((start + n, event))
 
     def ready(self) -> int:
         """The leading entries readable now, recorded (one call per tick of the clock)."""
+        with self._reading:
+            return self._ready_now()
+
+    def _ready_now(self) -> int:
         if self.replay is None:
             n = self._poll()
         else:
