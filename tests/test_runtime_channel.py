@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import types
 
 import pytest
 import torch
@@ -117,6 +118,14 @@ channel candidates {
         )
         with pytest.raises(KeyError, match="no channel 'drafts' \\(it has: candidates\\)"):
             declared.channel("drafts")
+        adapter = importlib.import_module(f"{package.__name__}.adapter")
+        model = types.SimpleNamespace(model=types.SimpleNamespace(step=lambda x: x + 1))
+        binding = adapter.bind(model, device="cpu", progress=False)
+        assert (
+            "channel candidates: 448 x int64, published up to 8 at a time, readiness "
+            "recorded per round" in binding.report()
+        )
+        binding.unbind()
     finally:
         forget(package)
 

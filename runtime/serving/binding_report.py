@@ -59,6 +59,11 @@ def binding_report(b: Binding, width: int = 120) -> str:
     for name, what in b.constants.items():
         lines.append(f"  constant {name}: {what}")
     lines.extend(f.report_line() for f in b.folds)
+    for ch in b.decl.channels:  # opened per producer run: Channel(DECLARED.channel(name), device)
+        lines.append(
+            f"  channel {ch.name}: {ch.capacity} x {ch.dtype}, published up to {ch.batch} at a "
+            f"time, readiness recorded per {ch.clock}"
+        )
     for name, why in b.declared.items():
         lines.append(f"  region {name}: {why}")
     batch = _batch_stats(b)
