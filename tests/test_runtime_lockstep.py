@@ -371,3 +371,27 @@ def test_on_a_clock_a_session_opened_between_ticks_is_reset_before_the_beat_not_
     assert all(torch.equal(o, want) for o, want in zip(outs, solo(51, 3)))
     assert pool.stats()["resets"] == 2  # the tick that served b did not reset again
     binding.unbind()
+
+
+def test_an_idle_pool_on_a_clock_sleeps_until_a_frame_or_an_open_comes():
+    # after its sessions went quiet a clocked pool's beat lies in the past: the ticker
+    # must wait for a submission, not look again and again (it spun at 100 % of a core)
+    binding, pool = pool_of(period_s=0.02)
+    a, _silent = pool.open(), pool.open()  # b never hands in: a's ticks run on the clock
+    a.step(inputs(60, 1)[0])
+    a.step(inputs(60, 2)[1])
+    assert pool._beat is not None
+    time.sleep(0.1)  # past the beat, nothing queued
+    looks = 0
+    wait_s = pool._wait_s
+
+    def counted():
+        nonlocal looks
+        looks += 1
+        return wait_s()
+
+    pool._wait_s = counted
+    time.sleep(0.3)
+    assert looks <= 2, f"the idle ticker looked {looks} times in 0.3 s"
+    assert torch.equal(a.step(inputs(60, 3)[2]), solo(60, 3)[2])  # and still serves
+    binding.unbind()

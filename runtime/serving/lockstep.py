@@ -273,10 +273,13 @@ class LockstepPool:
         return self._beat is None or time.perf_counter() >= self._beat - self._reset_s
 
     def _wait_s(self) -> float | None:
-        """How long the ticker sleeps before it looks again (a submission wakes it)."""
+        """How long the ticker sleeps before it looks again (None: until a submission
+        or an open wakes it; nothing is due at a beat with no frame and no reset)."""
         if self.period_s is not None and self._beat is not None:
-            lead = self._reset_s if self._resets and not self._retry_in_tick else 0.0
-            return max(0.0, self._beat - lead - time.perf_counter())
+            due = [self._beat] if self._queues else []
+            if self._resets and not self._retry_in_tick:
+                due.append(self._beat - self._reset_s)
+            return max(0.0, min(due) - time.perf_counter()) if due else None
         return None if not self._queues else self.gather_s
 
     def _next_beat(self, started: float) -> None:
