@@ -49,6 +49,7 @@ session it served. ``stats()`` counts ticks, rows served and parked, and tick se
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -182,8 +183,8 @@ class LockstepPool:
             session = LockstepSession(self, free[0])
             self._sessions[session.slot] = session
             if self._reset is not None:
-                # reset at the next tick, with every slot opened since: one reset call
-                # for the sessions of a ramp, not one each (Moshi's walks every module)
+                # reset before its first tick, with every slot opened since: one reset
+                # call for the sessions of a ramp, not one each (Moshi's walks every module)
                 self._resets.add(session.slot)
                 self._cond.notify_all()  # the ticker may reset it before the beat
         self.log.opened()
@@ -264,22 +265,20 @@ class LockstepPool:
             return now >= self._beat
         return now - first_in >= self.gather_s
 
-    def _reset_due(self) -> bool:
-        """Whether to reset the opened slots now, between ticks: on a clock, once the
-        beat is nearer than a reset takes (every slot opened until then in one call), or
-        at once while no beat is set (every open session was in for each tick so far)."""
+    def _reset_at(self) -> float:
+        """When to reset opened slots between ticks (in one call): on a clock, a reset's
+        time before the beat, or at once with no beat yet; never (inf): nothing to reset,
+        no clock, or the next tick retries a failed reset."""
         if not self._resets or self.period_s is None or self._retry_in_tick:
-            return False
-        return self._beat is None or time.perf_counter() >= self._beat - self._reset_s
+            return math.inf
+        return -math.inf if self._beat is None else self._beat - self._reset_s
 
     def _wait_s(self) -> float | None:
         """How long the ticker sleeps before it looks again (None: until a submission
         or an open wakes it; nothing is due at a beat with no frame and no reset)."""
         if self.period_s is not None and self._beat is not None:
-            due = [self._beat] if self._queues else []
-            if self._resets and not self._retry_in_tick:
-                due.append(self._beat - self._reset_s)
-            return max(0.0, min(due) - time.perf_counter()) if due else None
+            due = min(self._beat if self._queues else math.inf, self._reset_at())
+            return None if due == math.inf else max(0.0, due - time.perf_counter())
         return None if not self._queues else self.gather_s
 
     def _next_beat(self, started: float) -> None:
@@ -293,7 +292,11 @@ class LockstepPool:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not (ready := self._ready()) and not self._reset_due():
+                while (
+                    not self._closed
+                    and not (ready := self._ready())
+                    and time.perf_counter() < self._reset_at()
+                ):
                     self._cond.wait(self._wait_s())
                 if self._closed:
                     for queue in self._queues.values():
@@ -309,7 +312,10 @@ class LockstepPool:
             if ready:
                 self._tick(batch, partial)
             else:  # the beat is near and slots were opened: reset them while idle
-                self._reset_between_ticks()
+                try:
+                    self._reset_opened()
+                except Exception:  # noqa: BLE001 - the next tick tries again, failing loudly
+                    self._retry_in_tick = True
 
     def _tick(self, batch: dict[int, LockstepFrame], partial: bool) -> None:
         t = time.perf_counter()
@@ -335,14 +341,8 @@ class LockstepPool:
                 frame.finish(results[i])
         self.log.tick(t, time.perf_counter(), len(batch), partial)
 
-    def _reset_between_ticks(self) -> None:
-        try:
-            self._reset_opened()
-        except Exception:  # noqa: BLE001 - the next tick tries again and fails loudly
-            self._retry_in_tick = True
-
     def _reset_opened(self) -> None:
-        """Reset the slots opened since the last tick, in one call (before their first
+        """Reset the slots opened since the last reset, in one call (before their first
         frame: a slot's session hands in only after open() returned)."""
         with self._cond:
             slots, self._resets = sorted(self._resets), set()
