@@ -200,6 +200,12 @@ class RowChecker(OpTrace):
                 self._judge(index, ref, k, got)
         return out
 
+    def end(self) -> None:
+        """The batched run is over: fewer ops than the batch-1 run is a divergence too."""
+        if self.proof.diverged_at is None and self._next < len(self.reference):
+            self.proof.diverged_at = self._next
+            self.proof.diverged = "the batched run ended early"
+
     def _judge(self, index: int, ref: _Recorded, k: int, got: Any) -> None:
         want, kept, shape = ref.outputs[k], ref.kept[k], ref.shapes[k]
         if not isinstance(got, torch.Tensor):  # a host value: equal or broken
@@ -250,7 +256,5 @@ def prove_rows(
             run_batched()
     finally:
         checker.remove()
-    if checker.proof.diverged_at is None and checker._next < len(recorder.recorded):
-        checker.proof.diverged_at = checker._next
-        checker.proof.diverged = "the batched run ended early"
+    checker.end()
     return checker.proof

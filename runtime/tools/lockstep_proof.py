@@ -94,7 +94,7 @@ def prove_lockstep(
     return LockstepProof(
         width,
         _device_name(model),
-        {k.name: _verdict(k, recorders[k.name], checkers[k.name]) for k in batched},
+        {k.name: _verdict(k, checkers[k.name]) for k in batched},
         inputs,
     )
 
@@ -114,13 +114,10 @@ def _with_sites(model: Any, callables: list, wrappers: dict, run: Callable[[], A
             set_at(model, k.site, saved[k.name])
 
 
-def _verdict(k: Any, recorder: RowRecorder, checker: RowChecker) -> CallableProof:
+def _verdict(k: Any, checker: RowChecker) -> CallableProof:
+    checker.end()
     proof = checker.proof
-    diverged = ""
-    if proof.diverged_at is not None:
-        diverged = f"op {proof.diverged_at} ({proof.diverged})"
-    elif checker._next < len(recorder.recorded):
-        diverged = f"op {checker._next} (the batched run called it fewer times)"
+    diverged = "" if proof.diverged_at is None else f"op {proof.diverged_at} ({proof.diverged})"
     return CallableProof(
         tuple(k.batch.rows_shown()),
         proof.ops,
