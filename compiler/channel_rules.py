@@ -31,9 +31,9 @@ class ChannelRules:
         if missing:
             self.err(
                 "CLK107",
-                f"{where} lacks {', '.join(f'`{m}`' for m in missing)}: a channel declares its entries' dtype, "
-                "its capacity, the entries one publish appends and the clock its readiness "
-                "is recorded at",
+                f"{where} lacks {', '.join(f'`{m}`' for m in missing)}: a channel declares "
+                "its entries' dtype, its capacity, the entries one publish appends and the "
+                "clock its readiness is recorded at",
                 ch.span,
             )
             return

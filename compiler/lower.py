@@ -405,8 +405,8 @@ def lower(
         if f.site is not None and f.by is not None  # (validation refuses the others)
     )
     channels = tuple(
-        Channel(ch.name, ch.dtype, *checked.channels[ch.name], ch.clock)
-        for ch in sorted(c.channels, key=lambda ch: ch.name)
+        Channel(ch.name, ch.dtype, ch.capacity, ch.batch, ch.clock)
+        for ch in sorted(analysis.channels, key=lambda ch: ch.name)
     )
     imports, uses_torch = _imports(common, regions, callables, constants, params, folds, channels)
     return LoweredContract(

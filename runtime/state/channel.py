@@ -31,8 +31,6 @@ from typing import Any, Sequence
 
 import torch
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8")
-
 
 @dataclass(frozen=True)
 class ChannelDecl:
@@ -46,8 +44,11 @@ class ChannelDecl:
     clock: str
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"channel {self.name}: dtype {self.dtype!r} is not one of {DTYPES}")
+        dtype = getattr(torch, str(self.dtype), None)
+        if not isinstance(dtype, torch.dtype) or dtype.is_complex:
+            raise ValueError(
+                f"channel {self.name}: dtype {self.dtype!r} is not a real or integer torch dtype"
+            )
         for what in ("capacity", "batch"):
             if type(getattr(self, what)) is not int:
                 raise TypeError(f"channel {self.name}: {what} must be an int")
