@@ -16,8 +16,9 @@ deadline of an 80 ms cadence holds while T <= 80 ms minus the gather window.
 at is reported refused, with the broken ops, not timed. ``outputs_sha256`` alone is no
 evidence: on the H100 at 32, gating-only rows gave the contract's hash over 30 ticks
 while the proof named every attention output projection and sessions diverged from
-their solo runs (bench/results/sessions_moshi_h100.md). ``--rows-off`` binds with no per-row op (every kernel batched whole): not exact, the
-floor that says what running the contract's ``rows`` one session at a time costs.
+their solo runs (bench/results/sessions_moshi_h100.md). ``--rows-off`` binds with no
+per-row op (every kernel batched whole): not exact, the floor that says what running the
+contract's ``rows`` one session at a time costs.
 ``--row-streams K`` runs each per-row op's blocks on K side streams (0: one after the
 other; runtime/engine/per_row.py). ``outputs_sha256`` hashes every tick's token IDs and
 float32 PCM, every row: two processes at one width that differ only in how the per-row
@@ -35,9 +36,8 @@ import time
 import torch
 
 from bench.cadence import Arm
-from bench.sessions_moshi import LockstepSessions
+from bench.sessions_moshi import PROOF_FRAMES, LockstepSessions
 from bench.workloads import moshi as W
-from bench.sessions_moshi import PROOF_FRAMES
 from duplexcadence.runtime import LockstepNotProven, determinism_settings, pin_determinism
 
 

@@ -23,10 +23,11 @@ Whatever the candidates, the target commits its own argmax at every position (gr
 verification: the matching prefix and its correction; a rejected entry of the static
 cache is past the committed end, masked, and overwritten by the next round: the cut-back
 is the position counter). A round's width depends on readiness, i.e. on timing; a
-``Transcript`` records it per round (``schedule``), and ``Decoupled(schedule=...)``
-replays a recorded run without a thread: the exactness check runs a live graphed request
-and its eager replay on the same schedule and compares every byte (tokens, accepted
-counts, the drafter's published tokens, both caches at the committed positions).
+``Transcript`` records it per round (``schedule``: the channel's), and a channel opened
+with ``replay=schedule`` replays a recorded run without a thread: the exactness check runs
+a live graphed request and its eager replay on the same schedule and compares every byte
+(tokens, accepted counts, the drafter's published tokens, both caches at the committed
+positions).
 
 How many ready candidates a round verifies (``Budget``): ``fixed``, all of them up to
 ``budget`` (the paper's rule); ``cost``, the number k that maximises the expected
@@ -60,9 +61,9 @@ from typing import Any
 import torch
 
 from bench.workloads import subseed
+from bench.workloads import transformers_whisper as W
 from duplexcadence.generated.whisper_decoder.contract import DECLARED as WHISPER_DECODER
 from duplexcadence.runtime import Channel
-from bench.workloads import transformers_whisper as W
 
 # the verifier's contract declares the channel the drafter publishes into (8 a batch, the
 # paper's; runtime/state/channel.py): the shipped contract, every shape's positions alike
