@@ -14,11 +14,24 @@ width: the op-by-op proof (ops compared, the ops whose row 0 differed although
 their inputs' row 0 did not, by component), and ``end_to_end``: whether an unchecked
 batched stream's row-0 token IDs and float32 PCM equal the batch-1 stream's, frame by
 frame (the first frame that differs). ``--per-row OPS`` runs those ops one row at a
-time in every batched run (``PerRow``: the fallback for a kernel the proof named)."""
+time in every batched run (``PerRow``: the fallback for a kernel the proof named).
+
+``--model token2wav`` asks the same of the released Token2Wav (minicpmo-utils 1.0.6,
+seeded random weights, issue 24 item 5): its hot call is the DiT estimator's Euler step
+(ten per 25-token chunk, CFG's two rows per session). Probes ``estimator`` (float32, the
+deployment the sessions run) and ``estimator_fp16`` (the vendor's ``float16`` switch:
+autocast float16). Session s (its own voice prompt, of one length for all, and token
+stream) streams alone to chunk ``--chunk``, whose ten steps' inputs are recorded; a width
+stacks sessions 0..B-1 session-major on each input's batch axis, the DiT's two scratch
+caches widened to match. ``--frames`` is the number of steps compared. HiFT is not
+probed: it draws its noise from the device RNG inside the call, and a batch draws
+another stream than B calls (not a kernel property; it would need the noise as input)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import re
 import sys
@@ -137,6 +150,109 @@ def first_difference(one: list, many: list) -> int | None:
     return None
 
 
+# The DiT estimator's inputs and their batch axes (decoder_dit.py DiT.forward_chunk's
+# docstring: x, mu, cond (b, c, t); t (b,); spks (b, c); cnn_cache (depth, b, c, 2);
+# att_cache (depth, b, heads, t, 2 * head_dim)). b is 2 per session: CFG's conditional
+# and unconditional rows (solve_euler_chunk).
+ESTIMATOR_BATCH_AXIS = {
+    "x": 0,
+    "mu": 0,
+    "t": 0,
+    "spks": 0,
+    "cond": 0,
+    "cnn_cache": 1,
+    "att_cache": 1,
+}
+
+
+def estimator_steps(t2w, session: int, chunk: int, fp16: bool) -> list[dict]:
+    """The estimator's inputs at each Euler step of chunk ``chunk`` of session
+    ``session``'s batch-1 stock stream (its voice prompt ``make_prompt(session, ...)`` at
+    the model's prompt length, its ``token_stream``), cloned as the vendor passed them."""
+    from bench.workloads import token2wav as T
+
+    est, calls = t2w.flow.decoder.estimator, []
+    vendor = est.forward_chunk
+
+    def record(**kwargs):
+        calls.append({k: v.clone() for k, v in kwargs.items()})
+        return vendor(**kwargs)
+
+    t2w.cache = T.make_prompt(session, t2w.bench.prompt_frames, t2w.bench.device)
+    t2w.stream_cache, t2w.hift_cache_dict = T.set_stream_cache(t2w)
+    t2w.float16 = fp16
+    torch.manual_seed(session)
+    est.forward_chunk = record  # an instance attribute: the solver's calls come here
+    try:
+        for c in T.token_stream(session, chunk + 2)[: chunk + 1]:
+            calls.clear()  # keep the last chunk's
+            T.stream_chunk(t2w, c.tokens, c.last_chunk)
+    finally:
+        del est.forward_chunk
+    return calls
+
+
+def stacked(calls: list[dict]) -> dict:
+    """Sessions' inputs to one step as one call: session-major on each batch axis."""
+    return {k: torch.cat([c[k] for c in calls], ESTIMATOR_BATCH_AXIS[k]) for k in calls[0]}
+
+
+@contextlib.contextmanager
+def estimator_scratch(est, width: int):
+    """The DiT's scratch caches (``cnn_cache_buffer``, ``att_cache_buffer``: batch 2, which
+    forward_chunk writes each block's new cache into and returns) as fresh zeros for
+    ``width`` sessions; the stock ones back after. Fresh at every width, batch 1 too, so
+    neither run's are weights to the proof."""
+    saved = {n: getattr(est, n) for n in ("cnn_cache_buffer", "att_cache_buffer")}
+    for name, buf in saved.items():
+        setattr(est, name, buf.new_zeros(buf.shape[0], buf.shape[1] * width, *buf.shape[2:]))
+    try:
+        yield
+    finally:
+        for name, buf in saved.items():
+            setattr(est, name, buf)
+
+
+def estimator_run(est, steps: list[dict], width: int, fp16: bool, rows: int = 1) -> list:
+    """Per step, the first ``rows`` sessions' (velocity, new attention cache), float32 on
+    the CPU. Under the vendor's own modes: inference, and autocast float16 for fp16."""
+    device = steps[0]["x"].device
+    autocast = torch.amp.autocast(device.type, dtype=torch.float16, enabled=fp16)
+    out = []
+    with torch.inference_mode(), autocast, estimator_scratch(est, width):
+        for kwargs in steps:
+            x, _cnn, att = est.forward_chunk(**kwargs)
+            out.append((x[: 2 * rows].float().cpu(), att[:, : 2 * rows].float().cpu()))
+    return out
+
+
+def token2wav_probes(args, device: str, widths: list[int]) -> tuple[dict, object, dict]:
+    """(run description, the model the proof hooks, {probe: (batch-1 run, width -> the
+    batched run)}) for the Token2Wav estimator, float32 and float16."""
+    from bench.workloads import token2wav as T
+
+    t2w = T.build_token2wav(args.seed, device)
+    est = t2w.flow.decoder.estimator
+    probes = {}
+    for name in [p for p in args.probes.split(",") if p]:
+        fp16 = {"estimator": False, "estimator_fp16": True}[name]
+        sessions = [
+            estimator_steps(t2w, s, args.chunk, fp16)[: args.frames] for s in range(max(widths))
+        ]
+
+        def batched(w: int, sessions=sessions, fp16=fp16):
+            steps = [stacked([sessions[s][j] for s in range(w)]) for j in range(len(sessions[0]))]
+            return functools.partial(estimator_run, est, steps, w, fp16)
+
+        probes[name] = (functools.partial(estimator_run, est, sessions[0], 1, fp16), batched)
+    described = {
+        "model": "Token2Wav (minicpmo-utils 1.0.6) DiT estimator, seeded random weights; "
+        f"chunk {args.chunk}, prompt {t2w.bench.prompt_frames} mel frames for every session",
+        "minicpmo_utils": T.installed_version(),
+    }
+    return described, types.SimpleNamespace(estimator=est), probes
+
+
 def rollup(proof) -> dict:
     """{component: {op: [compared, broken]}} of one width's proof."""
     out: dict[str, dict[str, list[int]]] = {}
@@ -159,16 +275,18 @@ def broken_ops(row: dict) -> str:
 
 
 def render(doc: dict) -> str:
-    """The results document as markdown (bench/results/batch_rows_moshi_h200.md)."""
+    """The results document as markdown (bench/results/batch_rows_moshi_h200.md): one
+    table per run."""
     lines = [f"# {doc['what']}", ""]
     for run in doc["runs"]:
+        unit = run.get("unit", "frame")
         lines += [
             f"`{run['command']}`",
             "",
-            f"{run['model']}; {run['device']}, torch {run['torch']}, {run['frames']} frames; "
+            f"{run['model']}; {run['device']}, torch {run['torch']}, {run['frames']} {unit}s; "
             f"run per row: {', '.join(run.get('per_row') or []) or 'nothing'}",
             "",
-            "| probe | width | ops compared | broken | proven | end to end differs at frame"
+            f"| probe | width | ops compared | broken | proven | end to end differs at {unit}"
             " | broken ops (broken/compared) |",
             "|---|---:|---:|---:|---|---:|---|",
         ]
@@ -187,7 +305,7 @@ def render(doc: dict) -> str:
                         f"| {probe} | {width} | {row['frames']} | "
                         f"{row['sessions_exact']}/{width} | {firsts} |"
                     )
-        for probe in ("frame", "lm"):
+        for probe in run.get("probes", ("frame", "lm")):
             for width, row in run.get(probe, {}).items():
                 first = row["end_to_end_first_difference"]
                 lines.append(
@@ -199,12 +317,59 @@ def render(doc: dict) -> str:
     return "\n".join(lines)
 
 
+WHAT = {
+    "moshi": "Batch invariance of the released Moshi (7B LM bf16 + Mimi), op by op",
+    "token2wav": "Batch invariance of the released Token2Wav's DiT estimator, op by op",
+}
+
+
+def moshi_probes(args, device: str, widths: list[int]) -> tuple[dict, object, dict]:
+    """(run description, the model the proof hooks, {probe: (batch-1 run, width -> the
+    batched run)}): the whole frame (Mimi encode, LM, Mimi decode) and the LM alone on
+    the batch-1 stream's codes. A width's inputs are made once, before its runs."""
+    lm_kwargs = W.FULL_7B
+    if args.tiny:
+        lm_kwargs = {**W._loaders()._lm_kwargs, **W.TINY_SHRINK}
+    mimi, lm_gen = W.build_moshi(args.seed, device, torch.bfloat16, lm_kwargs, start=False)
+    model = types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
+    one = frames_at(1, args.frames)
+    codes = first_codes(model, one)
+    probes = {
+        "frame": (
+            functools.partial(stream, model, 1, one),
+            lambda w: functools.partial(stream, model, w, frames_at(w, args.frames)),
+        ),
+        "lm": (
+            functools.partial(lm_stream, model, 1, codes),
+            lambda w: functools.partial(lm_stream, model, w, lm_inputs(model, w, codes)),
+        ),
+    }
+    described = {
+        "model": f"moshi {'tiny' if args.tiny else '7B'} bf16 + Mimi (seeded random weights, greedy)",
+        "moshi": W.installed_version(),
+    }
+    return described, model, probes
+
+
+def write(doc: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(path.removesuffix(".json") + ".md", "w") as f:
+        f.write(render(doc))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(WHAT), default="moshi", help="which released model")
     p.add_argument("--widths", default="2,4,8,16,32", help="batch widths to prove")
-    p.add_argument("--frames", type=int, default=6, help="80 ms frames per stream")
+    p.add_argument(
+        "--frames", type=int, default=6, help="80 ms frames per stream (token2wav: Euler steps)"
+    )
+    p.add_argument("--chunk", type=int, default=3, help="token2wav: the chunk whose steps run")
     p.add_argument("--seed", type=int, default=0, help="the weights' seed")
-    p.add_argument("--probes", default="frame,lm", help="which probes: frame, lm")
+    p.add_argument(
+        "--probes", help="which probes (moshi: frame,lm; token2wav: estimator,estimator_fp16)"
+    )
     p.add_argument(
         "--per-row",
         default="",
@@ -216,12 +381,12 @@ def main() -> None:
     p.add_argument(
         "--solo",
         action="store_true",
-        help="no proof: every session of each width against its own solo stream",
+        help="moshi, no proof: every session of each width against its own solo stream",
     )
     p.add_argument("--render", help="write this results JSON's markdown beside it, and stop")
-    p.add_argument("--out", help="also write the JSON here after every width (a partial run)")
+    p.add_argument("--out", help="also write the JSON (and its markdown) here after every width")
     p.add_argument(
-        "--tiny", action="store_true", help="the tiny LM on the CPU (tries the driver only)"
+        "--tiny", action="store_true", help="on the CPU (moshi: the tiny LM): tries the driver only"
     )
     args = p.parse_args()
     if args.render:
@@ -230,60 +395,50 @@ def main() -> None:
         with open(args.render.removesuffix(".json") + ".md", "w") as f:
             f.write(text)
         return
-    device, lm_kwargs = "cuda", W.FULL_7B
-    if args.tiny:
-        device, lm_kwargs = "cpu", {**W._loaders()._lm_kwargs, **W.TINY_SHRINK}
-    elif not torch.cuda.is_available():
+    if args.probes is None:
+        args.probes = {"moshi": "frame,lm", "token2wav": "estimator,estimator_fp16"}[args.model]
+    if args.solo and args.model != "moshi":
+        p.error("--solo runs Moshi's streams only")
+    device = "cpu" if args.tiny else "cuda"
+    if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("bench.batch_rows: needs CUDA (the kernels it judges are the GPU's)")
     widths = [int(w) for w in args.widths.split(",") if w]
     settings = {"cudnn.deterministic": True, "cudnn.benchmark": False, **W.DETERMINISM}
     apply_settings(settings)
     t0 = time.perf_counter()
-    mimi, lm_gen = W.build_moshi(args.seed, device, torch.bfloat16, lm_kwargs, start=False)
-    model = types.SimpleNamespace(mimi=mimi, lm_gen=lm_gen)
+    make = {"moshi": moshi_probes, "token2wav": token2wav_probes}[args.model]
+    described, model, probes = make(args, device, widths)
     out: dict = {
         "command": " ".join(["python -m bench.batch_rows", *sys.argv[1:]]),
-        "model": f"moshi {'tiny' if args.tiny else '7B'} bf16 + Mimi (seeded random weights, greedy)",
-        "moshi": W.installed_version(),
+        **described,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "settings": settings,
         "frames": args.frames,
+        "unit": "frame" if args.model == "moshi" else "step",
+        "probes": list(probes),
         "build_s": round(time.perf_counter() - t0, 1),
     }
-    one = frames_at(1, args.frames)
-    codes = first_codes(model, one)
-    # (probe, the batch-1 run, the run at a width): the whole frame (Mimi encode, LM,
-    # Mimi decode), and the LM alone on the batch-1 stream's codes
-    probes = {
-        "frame": (lambda: stream(model, 1, one), lambda w, rows: stream(model, w, rows)),
-        "lm": (lambda: lm_stream(model, 1, codes), lambda w, rows: lm_stream(model, w, rows)),
-    }
+    doc = {"what": WHAT[args.model], "runs": [out]}
     keep = int(args.keep_gib * (1 << 30))
     per_row = {op for op in args.per_row.split(",") if op}
     out["per_row"] = sorted(per_row)
-    for name in [p for p in args.probes.split(",") if p]:
+    for name, (run_one, batched_at) in probes.items():
         if args.solo:
             for width in widths:
                 row = solo_check(model, name, width, args.frames, per_row)
                 out.setdefault("solo", {}).setdefault(name, {})[str(width)] = row
                 print(f"solo {name} width {width}: {row}", flush=True, file=sys.stderr)
                 if args.out:
-                    with open(args.out, "w") as f:
-                        json.dump(out, f, indent=1)
+                    write(doc, args.out)
             continue
-        run_one, run_at = probes[name]
         reference = run_one()
         for width in widths:
             t0 = time.perf_counter()
-            many = (
-                frames_at(width, args.frames) if name == "frame" else lm_inputs(model, width, codes)
-            )
+            run_batched = batched_at(width)
             with PerRow(per_row, width, weight_storages(model), modules=module_paths(model)):
-                batched = run_at(width, many)
-            proof = prove_rows(
-                model, run_one, lambda: run_at(width, many), width, keep, per_row=per_row
-            )
+                batched = run_batched()
+            proof = prove_rows(model, run_one, run_batched, width, keep, per_row=per_row)
             row = {
                 "end_to_end_first_difference": first_difference(reference, batched),
                 **proof.summary(),
@@ -292,16 +447,15 @@ def main() -> None:
             }
             out.setdefault(name, {})[str(width)] = row
             print(
-                f"{name} width {width}: end to end differs at frame "
+                f"{name} width {width}: end to end differs at {out['unit']} "
                 f"{row['end_to_end_first_difference']}, {proof.ops} ops compared, "
                 f"{len(proof.broken)} broken ({row['broken_unrepaired']} unrepaired)",
                 flush=True,
                 file=sys.stderr,
             )
             if args.out:
-                with open(args.out, "w") as f:
-                    json.dump(out, f, indent=1)
-    print(json.dumps(out, indent=1))
+                write(doc, args.out)
+    print(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,3 +21,34 @@ def test_module_paths_fold_into_components():
     )
     assert component("mimi.decoder.model.3.block.1.conv.conv") == "mimi.decoder.model"
     assert component("") == "<top>"
+
+
+def test_sessions_stack_session_major_on_each_inputs_batch_axis():
+    import torch
+
+    from bench.batch_rows import stacked
+
+    def session(k):  # CFG's two rows per session: x (2, c, t), att_cache (depth, 2, ...)
+        return {"x": torch.full((2, 3, 5), k), "att_cache": torch.full((4, 2, 8, 5, 6), k)}
+
+    one = stacked([session(0), session(1), session(2)])
+    assert one["x"].shape == (6, 3, 5) and one["att_cache"].shape == (4, 6, 8, 5, 6)
+    assert one["x"][:, 0, 0].tolist() == [0, 0, 1, 1, 2, 2]
+    assert one["att_cache"][0, :, 0, 0, 0].tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_estimator_scratch_is_fresh_per_width_and_restored():
+    import torch
+
+    from bench.batch_rows import estimator_scratch
+
+    est = torch.nn.Module()
+    est.register_buffer("cnn_cache_buffer", torch.ones(16, 2, 4, 2))
+    est.register_buffer("att_cache_buffer", torch.ones(16, 2, 8, 10, 6))
+    stock = est.att_cache_buffer
+    with estimator_scratch(est, 3):
+        assert est.cnn_cache_buffer.shape == (16, 6, 4, 2)
+        assert est.att_cache_buffer.shape == (16, 6, 8, 10, 6)
+        assert not est.att_cache_buffer.any()
+        assert "att_cache_buffer" in dict(est.named_buffers())
+    assert est.att_cache_buffer is stock
