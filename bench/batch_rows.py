@@ -213,8 +213,8 @@ def estimator_scratch(est, width: int):
             setattr(est, name, buf)
 
 
-def estimator_run(est, steps: list[dict], width: int, fp16: bool, rows: int = 1) -> list:
-    """Per step, the first ``rows`` sessions' (velocity, new attention cache), float32 on
+def estimator_run(est, steps: list[dict], width: int, fp16: bool) -> list:
+    """Per step, session 0's (velocity, new attention cache; CFG's two rows), float32 on
     the CPU. Under the vendor's own modes: inference, and autocast float16 for fp16."""
     device = steps[0]["x"].device
     autocast = torch.amp.autocast(device.type, dtype=torch.float16, enabled=fp16)
@@ -222,7 +222,7 @@ def estimator_run(est, steps: list[dict], width: int, fp16: bool, rows: int = 1)
     with torch.inference_mode(), autocast, estimator_scratch(est, width):
         for kwargs in steps:
             x, _cnn, att = est.forward_chunk(**kwargs)
-            out.append((x[: 2 * rows].float().cpu(), att[:, : 2 * rows].float().cpu()))
+            out.append((x[:2].float().cpu(), att[:, :2].float().cpu()))
     return out
 
 
