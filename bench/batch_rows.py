@@ -373,6 +373,7 @@ def render(doc: dict) -> str:
     return "\n".join(lines)
 
 
+PROBES = {"moshi": ("frame", "lm"), "token2wav": ("estimator", "estimator_fp16")}
 WHAT = {
     "moshi": "Batch invariance of the released Moshi (7B LM bf16 + Mimi), op by op",
     "token2wav": "Batch invariance of the released Token2Wav's DiT estimator, op by op",
@@ -424,7 +425,9 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=3, help="token2wav: the chunk whose steps run")
     p.add_argument("--seed", type=int, default=0, help="the weights' seed")
     p.add_argument(
-        "--probes", help="which probes (moshi: frame,lm; token2wav: estimator,estimator_fp16)"
+        "--probes",
+        help="comma-separated (default every one: moshi frame,lm; token2wav estimator,"
+        "estimator_fp16)",
     )
     p.add_argument(
         "--per-row",
@@ -457,14 +460,22 @@ def main() -> None:
         with open(args.render.removesuffix(".json") + ".md", "w") as f:
             f.write(text)
         return
-    if args.probes is None:
-        args.probes = {"moshi": "frame,lm", "token2wav": "estimator,estimator_fp16"}[args.model]
+    requested = (args.probes or ",".join(PROBES[args.model])).split(",")
+    unknown = sorted(set(requested) - set(PROBES[args.model]))
+    if unknown:
+        p.error(f"--probes: {args.model} has {', '.join(PROBES[args.model])}, not {unknown}")
+    args.probes = ",".join(requested)
     if args.solo and args.model != "moshi":
         p.error("--solo runs Moshi's streams only")
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w]
+    except ValueError:
+        p.error(f"--widths: comma-separated integers, got {args.widths!r}")
+    if not widths or min(widths) < 2:
+        p.error(f"--widths: batch widths of at least 2, got {args.widths!r}")
     device = "cpu" if args.tiny else "cuda"
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("bench.batch_rows: needs CUDA (the kernels it judges are the GPU's)")
-    widths = [int(w) for w in args.widths.split(",") if w]
     settings = {"cudnn.deterministic": True, "cudnn.benchmark": False, **W.DETERMINISM}
     apply_settings(settings)
     t0 = time.perf_counter()
@@ -478,14 +489,15 @@ def main() -> None:
         "settings": settings,
         "frames": args.frames,
         "unit": "frame" if args.model == "moshi" else "step",
-        "probes": list(probes),
+        "probes": requested,
         "build_s": round(time.perf_counter() - t0, 1),
     }
     doc = {"what": WHAT[args.model], "runs": [out]}
     keep = int(args.keep_gib * (1 << 30))
     per_row = {op for op in args.per_row.split(",") if op}
     out["per_row"] = sorted(per_row)
-    for name, (run_one, batched_at, timer) in probes.items():
+    for name in requested:
+        run_one, batched_at, timer = probes[name]
         if args.solo:
             for width in widths:
                 row = solo_check(model, name, width, args.frames, per_row)

@@ -52,3 +52,26 @@ def test_estimator_scratch_is_fresh_per_width_and_restored():
         assert not est.att_cache_buffer.any()
         assert "att_cache_buffer" in dict(est.named_buffers())
     assert est.att_cache_buffer is stock
+
+
+def test_bad_arguments_are_usage_errors_before_anything_is_built(monkeypatch, capsys):
+    import pytest
+
+    from bench import batch_rows
+
+    def refuse(*_args):
+        raise AssertionError("built a model for a bad command line")
+
+    monkeypatch.setattr(batch_rows, "token2wav_probes", refuse)
+    monkeypatch.setattr(batch_rows, "moshi_probes", refuse)
+    for argv, said in [
+        (["--model", "token2wav", "--probes", "lm"], "token2wav has estimator"),
+        (["--widths", "1,2"], "at least 2"),
+        (["--widths", "two"], "comma-separated integers"),
+        (["--model", "token2wav", "--solo"], "Moshi's streams only"),
+    ]:
+        monkeypatch.setattr("sys.argv", ["batch_rows", "--tiny", *argv])
+        with pytest.raises(SystemExit) as exit_:
+            batch_rows.main()
+        assert exit_.value.code == 2
+        assert said in capsys.readouterr().err
