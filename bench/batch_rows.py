@@ -228,35 +228,9 @@ def estimator_run(est, steps: list[dict], width: int, fp16: bool) -> list:
     return out
 
 
-def estimator_step_ms(est, kwargs: dict, width: int, fp16: bool, per_row, replays: int) -> float:
-    """ms per replay of a CUDA graph of one Euler step at ``width`` (``kwargs``: the
-    sessions' inputs stacked), the ``per_row`` ops one session at a time inside it: what
-    a batched step would cost, against ``width`` times the batch-1 graph."""
-    model = types.SimpleNamespace(estimator=est)
-    modules, weights = module_paths(model), weight_storages(model)
-    # autocast's weight cache would hold casts made during capture: off, as for graphs
-    cast = torch.amp.autocast("cuda", dtype=torch.float16, enabled=fp16, cache_enabled=False)
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.inference_mode(), cast, estimator_scratch(est, width):
-        with PerRow(per_row, width, weights, modules=modules):
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    est.forward_chunk(**kwargs)
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(graph):
-                est.forward_chunk(**kwargs)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3 / replays
-
-
 def token2wav_probes(args, device: str, widths: list[int]) -> tuple[dict, object, dict]:
     """(run description, the model the proof hooks, {probe: (batch-1 run, width -> the
-    batched run, its step timer)}) for the Token2Wav estimator, float32 and float16."""
+    batched run)}) for the Token2Wav estimator, float32 and float16."""
     from bench.workloads import token2wav as T
 
     t2w = T.build_token2wav(args.seed, device)
@@ -272,15 +246,7 @@ def token2wav_probes(args, device: str, widths: list[int]) -> tuple[dict, object
             steps = [stacked([sessions[s][j] for s in range(w)]) for j in range(len(sessions[0]))]
             return functools.partial(estimator_run, est, steps, w, fp16)
 
-        def timed(w: int, per_row: set[str], replays: int, sessions=sessions, fp16=fp16):
-            steps = stacked([sessions[s][0] for s in range(w)])
-            return estimator_step_ms(est, steps, w, fp16, per_row, replays)
-
-        probes[name] = (
-            functools.partial(estimator_run, est, sessions[0], 1, fp16),
-            batched,
-            timed,
-        )
+        probes[name] = (functools.partial(estimator_run, est, sessions[0], 1, fp16), batched)
     described = {
         "model": "Token2Wav (minicpmo-utils 1.0.6) DiT estimator, seeded random weights; "
         f"chunk {args.chunk}, prompt {t2w.bench.prompt_frames} mel frames for every session",
@@ -308,26 +274,6 @@ def broken_ops(row: dict) -> str:
             if broken:
                 parts.append(f"{comp}: {op.removeprefix('aten.')} ({broken}/{compared})")
     return "; ".join(parts) or "none"
-
-
-def step_times(run: dict) -> list[str]:
-    """The timed widths' table (``--time-replays``): one step's graph, batched against
-    the batch-1 graph once per session."""
-    rows = [
-        f"| {probe} | {width} | {row['step_graph_ms_batch1']:.2f} | {row['step_graph_ms']:.2f}"
-        f" | {width * row['step_graph_ms_batch1'] / row['step_graph_ms']:.2f}x |"
-        for probe in run.get("probes", ())
-        for width, row in run.get(probe, {}).items()
-        if "step_graph_ms" in row
-    ]
-    if not rows:
-        return []
-    return [
-        "| probe | width | batch-1 step graph ms | batched step graph ms | width x batch 1 / batched |",
-        "|---|---:|---:|---:|---:|",
-        *rows,
-        "",
-    ]
 
 
 def render(doc: dict) -> str:
@@ -369,7 +315,7 @@ def render(doc: dict) -> str:
                     f"{'yes' if row['proven'] else 'no'} | {'-' if first is None else first} | "
                     f"{broken_ops(row)} |"
                 )
-        lines += ["", *step_times(run)]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -405,7 +351,7 @@ def moshi_probes(args, device: str, widths: list[int]) -> tuple[dict, object, di
         "model": f"moshi {'tiny' if args.tiny else '7B'} bf16 + Mimi (seeded random weights, greedy)",
         "moshi": W.installed_version(),
     }
-    return described, model, {name: (*probe, None) for name, probe in probes.items()}
+    return described, model, probes
 
 
 def write(doc: dict, path: str) -> None:
@@ -441,12 +387,6 @@ def main() -> None:
         "--solo",
         action="store_true",
         help="moshi, no proof: every session of each width against its own solo stream",
-    )
-    p.add_argument(
-        "--time-replays",
-        type=int,
-        default=0,
-        help="token2wav: also time one step's CUDA graph at each width and at batch 1",
     )
     p.add_argument("--render", help="write this results JSON's markdown beside it, and stop")
     p.add_argument("--out", help="also write the JSON (and its markdown) here after every width")
@@ -497,7 +437,7 @@ def main() -> None:
     per_row = {op for op in args.per_row.split(",") if op}
     out["per_row"] = sorted(per_row)
     for name in requested:
-        run_one, batched_at, timer = probes[name]
+        run_one, batched_at = probes[name]
         if args.solo:
             for width in widths:
                 row = solo_check(model, name, width, args.frames, per_row)
@@ -519,9 +459,6 @@ def main() -> None:
                 "components": rollup(proof),
                 "seconds": round(time.perf_counter() - t0, 1),
             }
-            if args.time_replays and timer is not None and device == "cuda":
-                row["step_graph_ms"] = timer(width, per_row, args.time_replays)
-                row["step_graph_ms_batch1"] = timer(1, set(), args.time_replays)
             out.setdefault(name, {})[str(width)] = row
             print(
                 f"{name} width {width}: end to end differs at {out['unit']} "
