@@ -34,6 +34,7 @@ import contextlib
 import functools
 import json
 import re
+import shlex
 import sys
 import time
 import types
@@ -422,7 +423,7 @@ def main() -> None:
     make = {"moshi": moshi_probes, "token2wav": token2wav_probes}[args.model]
     described, model, probes = make(args, device, widths)
     out: dict = {
-        "command": " ".join(["python -m bench.batch_rows", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "bench.batch_rows", *sys.argv[1:]]),
         **described,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",

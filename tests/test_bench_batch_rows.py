@@ -1,5 +1,5 @@
-"""bench/batch_rows.py without a GPU: the committed H200 results re-render to the
-committed table, and module paths fold into the components the table names."""
+"""bench/batch_rows.py without a GPU: the committed GPU results re-render to the
+committed tables, and module paths fold into the components the table names."""
 
 from pathlib import Path
 
@@ -11,8 +11,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 def test_committed_results_rerender_to_the_committed_table():
     import json
 
-    doc = json.loads((RESULTS / "batch_rows_moshi_h200.json").read_text())
-    assert render(doc) == (RESULTS / "batch_rows_moshi_h200.md").read_text()
+    for name in ("batch_rows_moshi_h200", "batch_rows_token2wav_h100"):
+        doc = json.loads((RESULTS / f"{name}.json").read_text())
+        assert render(doc) == (RESULTS / f"{name}.md").read_text(), name
 
 
 def test_module_paths_fold_into_components():
