@@ -414,6 +414,13 @@ def main() -> None:
         p.error(f"--widths: comma-separated integers, got {args.widths!r}")
     if not widths or min(widths) < 2:
         p.error(f"--widths: batch widths of at least 2, got {args.widths!r}")
+    steps = None  # a token2wav probe compares at most one chunk's Euler steps
+    if args.model == "token2wav":
+        from bench.workloads.token2wav import N_TIMESTEPS as steps
+    if args.frames < 1 or (steps and args.frames > steps):
+        p.error(f"--frames: at least 1{f' and at most {steps} (a chunk)' if steps else ''}")
+    if args.chunk < 0:
+        p.error(f"--chunk: a chunk index (0 or more), got {args.chunk}")
     device = "cpu" if args.tiny else "cuda"
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("bench.batch_rows: needs CUDA (the kernels it judges are the GPU's)")

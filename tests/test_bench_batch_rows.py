@@ -70,6 +70,9 @@ def test_bad_arguments_are_usage_errors_before_anything_is_built(monkeypatch, ca
         (["--widths", "1,2"], "at least 2"),
         (["--widths", "two"], "comma-separated integers"),
         (["--model", "token2wav", "--solo"], "Moshi's streams only"),
+        (["--model", "token2wav", "--frames", "11"], "at most 10"),
+        (["--frames", "0"], "at least 1"),
+        (["--model", "token2wav", "--chunk", "-1"], "a chunk index"),
     ]:
         monkeypatch.setattr("sys.argv", ["batch_rows", "--tiny", *argv])
         with pytest.raises(SystemExit) as exit_:
