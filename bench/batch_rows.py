@@ -168,8 +168,10 @@ ESTIMATOR_BATCH_AXIS = {
 
 def estimator_steps(t2w, session: int, chunk: int, fp16: bool) -> list[dict]:
     """The estimator's inputs at each Euler step of chunk ``chunk`` of session
-    ``session``'s batch-1 stock stream (its voice prompt ``make_prompt(session, ...)`` at
-    the model's prompt length, its ``token_stream``), cloned as the vendor passed them."""
+    ``session``'s batch-1 stock stream (the sessions benchmark's view of one session:
+    its voice prompt ``Voice(session, ...)`` at the model's prompt length, primed; its
+    ``token_stream``), cloned as the vendor passed them."""
+    from bench.sessions_token2wav import Voice, prime, session_view
     from bench.workloads import token2wav as T
 
     est, calls = t2w.flow.decoder.estimator, []
@@ -179,15 +181,15 @@ def estimator_steps(t2w, session: int, chunk: int, fp16: bool) -> list[dict]:
         calls.append({k: v.clone() for k, v in kwargs.items()})
         return vendor(**kwargs)
 
-    t2w.cache = T.make_prompt(session, t2w.bench.prompt_frames, t2w.bench.device)
-    t2w.stream_cache, t2w.hift_cache_dict = T.set_stream_cache(t2w)
-    t2w.float16 = fp16
+    view = session_view(t2w, Voice(session, t2w.bench.prompt_frames))
+    prime(view)
+    view.float16 = fp16
     torch.manual_seed(session)
     est.forward_chunk = record  # an instance attribute: the solver's calls come here
     try:
         for c in T.token_stream(session, chunk + 2)[: chunk + 1]:
             calls.clear()  # keep the last chunk's
-            T.stream_chunk(t2w, c.tokens, c.last_chunk)
+            T.stream_chunk(view, c.tokens, c.last_chunk)
     finally:
         del est.forward_chunk
     return calls
