@@ -136,6 +136,7 @@ from .state.folds import FoldError  # noqa: E402
 from .serving.lane import Lane, LaneError  # noqa: E402
 from .serving.params import ParamDecl, ParamError  # noqa: E402
 from .state.pins import pin_at  # noqa: E402
+from .serving.lockstep_audit import ShadowAudit  # noqa: E402
 from .serving.lockstep_proof import LockstepNotProven, LockstepProof  # noqa: E402
 from .tools.lockstep_proof import prove_lockstep  # noqa: E402
 from .serving.sessions import (  # noqa: E402
@@ -164,6 +165,7 @@ __all__ += [
     "LockstepNotProven",
     "LockstepProof",
     "prove_lockstep",
+    "ShadowAudit",
     "ParamDecl",
     "ParamError",
     "Aliased",

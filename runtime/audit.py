@@ -11,6 +11,7 @@ project's exactness is bit-for-bit, not numeric. Only the audit path calls this
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,3 +91,38 @@ def difference_box(a: torch.Tensor, b: torch.Tensor) -> tuple[int, tuple[tuple[i
         hit = (ne.any(dim=others) if others else ne).nonzero().flatten()
         box.append((int(hit[0]), int(hit[-1])))
     return count, tuple(box)
+
+
+def first_tree_difference(
+    a: Any, b: Any, path: str = "output"
+) -> tuple[str, tuple[int, ...] | None] | None:
+    """Where two output trees (nested tuples, lists and dicts of tensors and plain
+    values) first differ: the leaf's path and, for two tensors of one dtype, its first
+    differing element (None: a shape, dtype, type or structure difference, or plain
+    values); ``None`` when they are the same bytes."""
+    if type(a) in (tuple, list, dict) or type(b) in (tuple, list, dict):
+        if type(a) is not type(b) or len(a) != len(b):
+            return path, None
+        if type(a) is dict:
+            if list(a) != list(b):
+                return path, None
+            pairs = [(f"{path}[{k!r}]", a[k], b[k]) for k in a]
+        else:
+            pairs = [(f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
+        for p, x, y in pairs:
+            if (found := first_tree_difference(x, y, p)) is not None:
+                return found
+        return None
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if bitwise_equal(a, b):
+            return None
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return path, None
+        return path, first_difference(a.detach().cpu(), b.detach().cpu())
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or type(a) is not type(b):
+        return path, None
+    try:
+        equal = bool(a == b)
+    except Exception:  # noqa: BLE001 - a value without a usable ==: the same object only
+        equal = a is b
+    return None if equal else (path, None)

@@ -12,9 +12,8 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
   ``LockstepFrame`` (``result()`` waits; ``done_at`` says when its tick ended): a
   session's frames queue in order, one served per tick, so a stream that fell behind
   (a stall, the ramp of sessions opening) has its next frame in as soon as a tick ends
-  and catches up while ticks are shorter than its period. A blocking caller can only
-  submit after its thread woke, and with 32 threads that took 10-20 ms a tick on the
-  H200 (bench/results/sessions_moshi_h200.md): the gap that kept 32 sessions behind;
+  and catches up while ticks are shorter than its period (a blocking caller submits
+  only after its thread woke: 10-20 ms a tick with 32 threads on the H200);
 * a tick runs the user's ``step`` once on the W rows stacked (``torch.cat`` on axis 0):
   the rows of the sessions that are in, and a parked row (zeros) in every other slot;
 * a tick starts when every open session is in, or ``gather_s`` after the first one
@@ -23,13 +22,11 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
   With ``period_s`` (the model's frame: sessions' frames arrive at their own phases)
   ticks keep a fixed clock instead: a tick starts at the next beat, or earlier once
   every open session is in or one has a second frame queued (it is behind: ticks run
-  back to back until it caught up; on the H100 a backlog from the ramp otherwise kept
-  its 2-5 frames for good, the beat serving one frame a session a period). While a tick takes less than a period, a frame submitted
+  back to back until it caught up: on the H100 a backlog from the ramp otherwise kept
+  its 2-5 frames for good). While a tick takes less than a period, a frame submitted
   before a beat is served at it, so every frame waits at most one period and is done
-  within a period plus a tick. (A tick that started when the arrivals allowed moved
-  with them, and a session that once missed a tick stayed a frame behind for good: a
-  blocking caller submits its next frame only after its last was served;
-  bench/results/sessions_moshi_h200_gather.md.)
+  within a period plus a tick (bench/results/sessions_moshi_h200_gather.md: ticks that
+  moved with the arrivals left a session that missed one a frame behind for good).
   Without ``hold`` a parked row would advance its slot's state on the park input, so a
   tick waits for every open session (a slot nobody holds is still parked: its state
   is reset when a session opens on it);
@@ -42,9 +39,11 @@ session a slot and turns the sessions' calls, each from its own thread, into tic
 Exactness is the binding's: each tick is the batched graph (or its eager call) of the
 contract's lockstep, whose per-row ops give each row its batch-1 bits; a session's
 outputs are its solo run's whatever the other slots hold, when they joined or how many
-ticks it sat out (``tests/test_runtime_lockstep.py``, and the Moshi arm of
-``bench/sessions_moshi.py`` against solo stock runs). A failing tick raises in every
-session it served. ``stats()`` counts ticks, rows served and parked, and tick seconds.
+ticks it sat out (``tests/test_runtime_lockstep.py``; the Moshi arms of
+``bench/sessions_moshi.py`` against solo stock runs). ``audit=ShadowAudit(...)`` checks
+live ticks against a batch-1 shadow that follows sampled sessions (lockstep_audit.py).
+A failing tick raises in every session it served. ``stats()`` counts ticks, rows
+served and parked, and tick seconds.
 """
 
 from __future__ import annotations
@@ -53,76 +52,15 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from .lockstep_audit import ShadowAudit, ShadowAuditor
+from .lockstep_session import LockstepFrame, LockstepSession, PoolFull
 from .tick_log import TickLog
 
-
-class PoolFull(RuntimeError):
-    """Every slot of the pool holds a session."""
-
-
-@dataclass
-class LockstepFrame:
-    """One session's row handed to the pool, and its result once a tick served it."""
-
-    row: torch.Tensor
-    slot: int
-    timeout_s: float
-    submitted_at: float = field(default_factory=time.perf_counter)
-    done_at: float | None = None  # time.perf_counter() when its tick ended
-    done: threading.Event = field(default_factory=threading.Event)
-    out: Any = None
-    error: BaseException | None = None
-
-    def result(self) -> Any:
-        """The session's row of its tick's outputs; waits for the tick."""
-        if not self.done.wait(self.timeout_s):
-            raise TimeoutError(f"lockstep slot {self.slot}: no tick in {self.timeout_s:.0f} s")
-        if self.error is not None:
-            raise RuntimeError(f"lockstep tick failed: {self.error}") from self.error
-        return self.out
-
-    def finish(self, out: Any = None, error: BaseException | None = None) -> None:
-        self.out, self.error, self.done_at = out, error, time.perf_counter()
-        self.done.set()
-
-
-class LockstepSession:
-    """One session on one slot of a ``LockstepPool``; ``step``/``submit`` from one thread
-    at a time (its frames are served in the order they were handed in)."""
-
-    def __init__(self, pool: "LockstepPool", slot: int) -> None:
-        self.pool, self.slot, self.closed, self.steps = pool, slot, False, 0
-
-    def submit(self, x: torch.Tensor) -> LockstepFrame:
-        """Hand in one call of this session (``x``: its row, leading extent 1) without
-        waiting; served after the frames it handed in before. Blocks only while
-        ``max_ahead`` of its frames wait unserved."""
-        if self.closed:
-            raise RuntimeError(f"lockstep session on slot {self.slot} is closed")
-        frame = self.pool._submit(self, x)
-        self.steps += 1
-        return frame
-
-    def step(self, x: torch.Tensor) -> Any:
-        """Serve one call of this session; returns its row of the outputs once the tick
-        that served it has run."""
-        return self.submit(x).result()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.pool._release(self)
-
-    def __enter__(self) -> "LockstepSession":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+__all__ = ["LockstepFrame", "LockstepPool", "LockstepSession", "PoolFull"]
 
 
 class LockstepPool:
@@ -137,6 +75,7 @@ class LockstepPool:
         period_s: float | None = None,
         timeout_s: float = 60.0,
         max_ahead: int = 8,
+        audit: ShadowAudit | None = None,
     ) -> None:
         if type(width) is not int or width < 1:
             raise ValueError(f"lockstep width must be a positive int, got {width!r}")
@@ -156,6 +95,9 @@ class LockstepPool:
             raise ValueError(f"max_ahead must be a positive int, got {max_ahead!r}")
         self.gather_s, self.timeout_s = float(gather_s), float(timeout_s)
         self.max_ahead = max_ahead
+        if audit is not None and not isinstance(audit, ShadowAudit):
+            raise TypeError(f"lockstep audit must be a ShadowAudit or None, got {audit!r}")
+        self.auditor = None if audit is None else ShadowAuditor(audit)
         self.period_s = None if period_s is None else float(period_s)
         self._beat: float | None = None  # the clock's next tick (period_s)
         self._cond = threading.Condition()
@@ -182,6 +124,8 @@ class LockstepPool:
                 raise PoolFull(f"all {self.width} slots of the lockstep pool hold a session")
             session = LockstepSession(self, free[0])
             self._sessions[session.slot] = session
+            if self.auditor is not None:
+                self.auditor.opened(session.slot)
             if self._reset is not None:
                 # reset before its first tick, with every slot opened since: one reset
                 # call for the sessions of a ramp, not one each (Moshi's walks every module)
@@ -193,6 +137,8 @@ class LockstepPool:
     def _release(self, session: LockstepSession) -> None:
         with self._cond:
             self._sessions.pop(session.slot, None)
+            if self.auditor is not None:
+                self.auditor.closed(session.slot)
             for frame in self._queues.pop(session.slot, ()):  # never served: said so
                 frame.finish(error=RuntimeError(f"session on slot {session.slot} closed"))
             self._cond.notify_all()  # a tick waiting for it need not
@@ -202,6 +148,8 @@ class LockstepPool:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout=self.timeout_s)
+        if self.auditor is not None:
+            self.auditor.shut_down(self.timeout_s)
 
     def _mask(self, slots: list[int]) -> torch.Tensor:
         device = self._template.device if self._template is not None else "cpu"
@@ -334,9 +282,14 @@ class LockstepPool:
             out = self._step(torch.cat(rows))
             results = {i: _row(out, i, self.width) for i in batch}
         except Exception as e:  # noqa: BLE001 - raised in every session it served
+            if self.auditor is not None:
+                self.auditor.failed(batch)
             for frame in batch.values():
                 frame.finish(error=e)
         else:
+            if self.auditor is not None:  # before the sessions may hand in their next
+                rows = {i: frame.row for i, frame in batch.items()}
+                self.auditor.served(self.log.counters["ticks"], rows, results)
             for i, frame in batch.items():
                 frame.finish(results[i])
         self.log.tick(t, time.perf_counter(), len(batch), partial)
@@ -365,7 +318,8 @@ class LockstepPool:
         return self.log.timeline
 
     def stats(self) -> dict:
-        return {"width": self.width, "open": len(self._sessions), **self.log.stats()}
+        audit = {} if self.auditor is None else {"audit": self.auditor.stats()}
+        return {"width": self.width, "open": len(self._sessions), **self.log.stats(), **audit}
 
     def report(self) -> str:
         s = self.stats()
@@ -373,7 +327,7 @@ class LockstepPool:
             f"lockstep pool: {s['width']} slots, {s['open']} open; {s['ticks']} ticks, "
             f"{s['rows_per_tick']:.1f} rows per tick ({s['parked']} parked), "
             f"{s['tick_ms_mean']:.1f} ms per tick"
-        )
+        ) + ("" if self.auditor is None else "\n" + self.auditor.report())
 
 
 def _row(out: Any, i: int, width: int) -> Any:
