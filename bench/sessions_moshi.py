@@ -21,6 +21,7 @@ with its solo stock run.
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import Any
 
@@ -118,49 +119,30 @@ class AdapterSessions(StockSolo):
         return replay.sessions_record(self.binding)
 
 
-class LockstepSessions:
-    """Sessions in lockstep on the adapter bound at ``batch=W`` (``arm.options["width"]``):
-    the vendor's own batched streaming state (``streaming(W)``), one batch row per
-    session, each tick one call of each graph for every session (runtime/serving/
-    lockstep.py). What the vendor gives for batched serving, used as it is: a session
+class BatchedMoshi:
+    """The stock pair streaming at ``width`` rows, one per session, with what a tick
+    needs: the vendor's own batched streaming state (``streaming(width)``), a session
     opening resets its row (``reset_streaming(mask)``), a tick that leaves a session out
-    holds its row (``set_exec_mask``), and ``support_out_of_sync`` lets rows run at their
-    own frame counts. One thing is wired around it: a row's first ``max_delay`` frames
-    give no output alone (``LMGen.step`` returns None and the server decodes nothing),
-    so each tick the Mimi decoder runs only the rows that have output — one exec mask
-    shared by the decoder's streaming states, set from the LM's own per-row offsets —
-    and the other rows decode zeros that their held state never sees."""
+    holds its row (``set_exec_mask``), and ``support_out_of_sync`` lets rows run at
+    their own frame counts. One thing is wired around it: a row's first ``max_delay``
+    frames give no output alone (``LMGen.step`` returns None and the server decodes
+    nothing), so each tick the Mimi decoder runs only the rows that have output (one
+    exec mask shared by the decoder's streaming states, set from the LM's own per-row
+    offsets) and the other rows decode zeros that their held state never sees."""
 
-    def __init__(self, arm: Arm, device: torch.device, lm_kwargs: dict | None = None) -> None:
-        width = arm.options["width"]
-        self.mimi, self.lm_gen = W.build_moshi(
-            MODEL_SEED, device, lm_kwargs=lm_kwargs or W.FULL_7B, greedy=True, start=False
-        )
-        frames = arm.options.get("prove_frames")
-        proof = prove_at_width(self.mimi, self.lm_gen, width, frames) if frames else None
-        W.start_streaming(self.mimi, self.lm_gen, width)
-        self.lm_gen.support_out_of_sync = True
-        self.device = next(self.mimi.parameters()).device
+    def __init__(self, mimi: Any, lm_gen: Any, width: int) -> None:
+        self.mimi, self.lm_gen, self.width = mimi, lm_gen, width
+        W.start_streaming(mimi, lm_gen, width)
+        lm_gen.support_out_of_sync = True
+        self.device = next(mimi.parameters()).device
         # one exec mask tensor for the rows a tick runs (every streaming state but the
         # decoder's: holding rows is one copy, where the vendor's set_exec_mask copies
         # into each module's own mask, ~20 ms a call), and one for the decoder's rows
         self.run_rows = torch.ones(width, dtype=torch.bool, device=self.device)
         self.decode_rows = torch.ones(width, dtype=torch.bool, device=self.device)
-        _share_exec_mask((self.mimi, self.lm_gen), self.run_rows)
-        decoder = (self.mimi.decoder, self.mimi.decoder_transformer, self.mimi.upsample)
-        _share_exec_mask(decoder, self.decode_rows)
-        self.binding = W.bind_adapter(self.mimi, self.lm_gen, device, batch=width, proof=proof)
+        _share_exec_mask((mimi, lm_gen), self.run_rows)
+        _share_exec_mask((mimi.decoder, mimi.decoder_transformer, mimi.upsample), self.decode_rows)
         self.stage_ms: list[tuple[float, float, float]] | None = None  # bench.lockstep_ticks
-        # the LM step's first call after bind runs eager (its counter starts at 1): made
-        # here, every row held, so no session's tick pays for it
-        self.hold_rows(torch.zeros(width, dtype=torch.bool))
-        self.tick(torch.zeros(width, 1, W.FRAME_SAMPLES, device=self.device))
-        # ticks on Moshi's own clock, one per frame period (or earlier once every
-        # session is in): sessions' frames arrive at their own phases, each waits at
-        # most a period and is served within a period plus one tick
-        self.pool = self.binding.lockstep(
-            self.tick, reset=self.reset_rows, hold=self.hold_rows, period_s=FRAME_S
-        )
 
     def tick(self, pcm: torch.Tensor) -> dict:
         """One frame of every slot: encode, LM step, decode the rows with output. The
@@ -219,6 +201,36 @@ class LockstepSessions:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+
+class LockstepSessions(BatchedMoshi):
+    """Sessions in lockstep on the adapter bound at ``batch=W`` (``arm.options["width"]``)
+    over a ``BatchedMoshi`` of W rows: each tick one call of each graph for every
+    session (runtime/serving/lockstep.py). With ``prove_frames`` the binding admits the
+    proof of its rows made at set-up; with ``audit_every`` the pool audits live ticks
+    against a batch-1 shadow (``shadow_audit``)."""
+
+    def __init__(self, arm: Arm, device: torch.device, lm_kwargs: dict | None = None) -> None:
+        width = arm.options["width"]
+        mimi, lm_gen = W.build_moshi(
+            MODEL_SEED, device, lm_kwargs=lm_kwargs or W.FULL_7B, greedy=True, start=False
+        )
+        frames = arm.options.get("prove_frames")
+        proof = prove_at_width(mimi, lm_gen, width, frames) if frames else None
+        every = arm.options.get("audit_every")
+        audit = shadow_audit(mimi, lm_gen, every) if every else None  # before it streams
+        super().__init__(mimi, lm_gen, width)
+        self.binding = W.bind_adapter(mimi, lm_gen, device, batch=width, proof=proof)
+        # the LM step's first call after bind runs eager (its counter starts at 1): made
+        # here, every row held, so no session's tick pays for it
+        self.hold_rows(torch.zeros(width, dtype=torch.bool))
+        self.tick(torch.zeros(width, 1, W.FRAME_SAMPLES, device=self.device))
+        # ticks on Moshi's own clock, one per frame period (or earlier once every
+        # session is in): sessions' frames arrive at their own phases, each waits at
+        # most a period and is served within a period plus one tick
+        self.pool = self.binding.lockstep(
+            self.tick, reset=self.reset_rows, hold=self.hold_rows, period_s=FRAME_S, audit=audit
+        )
+
     def open(self, spec: SessionSpec) -> _Session:
         s = _Session(spec)
         s.pool_session = self.pool.open()
@@ -246,6 +258,8 @@ class LockstepSessions:
         s.pool_session.close()
 
     def stats(self) -> dict:
+        if self.pool.auditor is not None:
+            self.pool.auditor.drain()  # the shadow's checks of the frames served so far
         return {
             **replay.sessions_record(self.binding),
             "lockstep": self.pool.stats(),
@@ -268,6 +282,28 @@ def _share_exec_mask(roots: tuple, mask: torch.Tensor) -> None:
                 if state.exec_mask.shape != mask.shape:  # CFG doubles the LM's rows
                     raise ValueError(f"{type(m).__name__}: exec mask {state.exec_mask.shape}")
                 state.exec_mask = mask
+
+
+def shadow_audit(mimi: Any, lm_gen: Any, every: int) -> Any:
+    """The pool's run-time audit (runtime/serving/lockstep_audit.py): a batch-1 shadow of
+    the tick on a copy of the pair that shares its weights (read only; buffers and
+    streaming state are its own), made before the pair streams or is bound, so the
+    shadow runs the stock eager code. It follows every ``every``-th session opened and
+    compares what the session receives (``LockstepSessions.receive``)."""
+    from duplexcadence.runtime import ShadowAudit
+
+    weights = {id(p): p for top in (mimi, lm_gen) for p in top.parameters()}
+    shadow = BatchedMoshi(*copy.deepcopy((mimi, lm_gen), weights), width=1)
+    new_session = torch.ones(1, dtype=torch.bool, device=shadow.device)
+    return ShadowAudit(
+        shadow.tick, lambda: shadow.reset_rows(new_session), every=every, view=received
+    )
+
+
+def received(out: dict) -> dict:
+    """What a session receives of its row of a tick: nothing before the codebook delay
+    (the rows without output decode zeros nobody gets)."""
+    return out if bool(out["ready"]) else {"ready": out["ready"]}
 
 
 def prove_at_width(mimi: Any, lm_gen: Any, width: int, frames: int) -> Any:
@@ -327,6 +363,18 @@ SESSIONS = SessionWorkload(
                 f"set-up (prove_lockstep over {PROOF_FRAMES} frames: each callable's row 0 "
                 "against batch 1, op by op); refused unless it proves",
                 options={"width": w, "prove_frames": PROOF_FRAMES},
+                needs_cuda=True,
+            )
+            for w in (8, 16, 24, 32)
+        ),
+        *(
+            Arm(
+                f"moshi_batch{w}_audited",
+                "inproc",
+                f"moshi_batch{w}_proven, its live ticks audited: a batch-1 eager shadow "
+                "(a copy of the pair sharing its weights) follows one session at a time "
+                "and compares each of its frames bit for bit (ShadowAudit)",
+                options={"width": w, "prove_frames": PROOF_FRAMES, "audit_every": 1},
                 needs_cuda=True,
             )
             for w in (8, 16, 24, 32)

@@ -169,3 +169,30 @@ def test_lockstep_ticks_proves_other_rows_before_timing_them(monkeypatch, tmp_pa
     assert row["proven"] is False and "tick_ms_p50" not in row
     assert "'mimi_encode' is not proven" in row["refused"]
     assert "aten.convolution.default in mimi." in row["refused"]
+
+
+def test_an_audited_pool_follows_a_session_with_a_batch1_shadow_and_finds_it_exact():
+    # the proven arm with its run-time audit: the shadow (a copy of the pair sharing its
+    # weights, batch 1, eager) follows the first session and checks every frame it got
+    a, b = trace(SETTINGS, 2)
+    stock = StockSolo(SESSIONS.arm("stock_solo"), torch.device("cpu"), W.TINY_LM_KWARGS)
+    want, counts = {}, {}
+    for sp in (a, b):
+        _serve(stock, sp, want, counts)
+    batched = LockstepSessions(
+        SESSIONS.arm("moshi_batch8_audited"), torch.device("cpu"), W.TINY_LM_KWARGS
+    )
+    shadow_weight = batched.pool.auditor.audit.step.__self__.lm_gen.lm_model.text_emb.weight
+    assert shadow_weight is batched.lm_gen.lm_model.text_emb.weight  # shared, not copied
+    got, got_counts = {}, {}
+    threads = [
+        threading.Thread(target=_serve, args=(batched, sp, got, got_counts)) for sp in (a, b)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert got == want and got_counts == counts
+    audit = batched.stats()["lockstep"]["audit"]
+    assert audit["followed"] == 1 and audit["checks"] == len(a.chunks)
+    assert audit["divergences"] == audit["shadow_errors"] == audit["stopped_behind"] == 0
