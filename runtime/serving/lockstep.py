@@ -77,22 +77,8 @@ class LockstepPool:
         max_ahead: int = 8,
         audit: ShadowAudit | None = None,
     ) -> None:
-        if type(width) is not int or width < 1:
-            raise ValueError(f"lockstep width must be a positive int, got {width!r}")
-        if not callable(step):
-            raise TypeError(f"lockstep step must be callable, got {step!r}")
-        for name, f in (("reset", reset), ("hold", hold)):
-            if f is not None and not callable(f):
-                raise TypeError(f"lockstep {name} must be callable or None, got {f!r}")
-        if not (isinstance(gather_s, (int, float)) and 0 <= gather_s <= timeout_s):
-            raise ValueError(f"gather_s must be in [0, timeout_s], got {gather_s!r}")
+        _check_arguments(width, step, reset, hold, gather_s, period_s, timeout_s, max_ahead)
         self.width, self._step, self._reset, self._hold = width, step, reset, hold
-        if period_s is not None and not (
-            isinstance(period_s, (int, float)) and 0 < period_s <= timeout_s
-        ):
-            raise ValueError(f"period_s must be in (0, timeout_s] or None, got {period_s!r}")
-        if type(max_ahead) is not int or max_ahead < 1:
-            raise ValueError(f"max_ahead must be a positive int, got {max_ahead!r}")
         self.gather_s, self.timeout_s = float(gather_s), float(timeout_s)
         self.max_ahead = max_ahead
         if audit is not None and not isinstance(audit, ShadowAudit):
@@ -158,22 +144,9 @@ class LockstepPool:
         return mask.to(device)
 
     # --------------------------------------------------------------------- ticks
-    def _check_row(self, x: Any) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != 1:
-            shown = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(
-                f"a lockstep step takes one session's row (leading extent 1), got {shown}"
-            )
-        t = self._template
-        if t is not None and (x.shape, x.dtype, x.device) != (t.shape, t.dtype, t.device):
-            raise ValueError(
-                f"lockstep row {tuple(x.shape)} {x.dtype} on {x.device} differs from the "
-                f"pool's rows {tuple(t.shape)} {t.dtype} on {t.device}"
-            )
-
     def _submit(self, session: LockstepSession, x: torch.Tensor) -> LockstepFrame:
         with self._cond:
-            self._check_row(x)
+            _check_row(x, self._template)
             deadline = time.perf_counter() + self.timeout_s
             while len(self._queues.get(session.slot, ())) >= self.max_ahead:
                 if self._closed or not self._cond.wait(deadline - time.perf_counter()):
@@ -328,6 +301,38 @@ class LockstepPool:
             f"{s['rows_per_tick']:.1f} rows per tick ({s['parked']} parked), "
             f"{s['tick_ms_mean']:.1f} ms per tick"
         ) + ("" if self.auditor is None else "\n" + self.auditor.report())
+
+
+def _check_arguments(width, step, reset, hold, gather_s, period_s, timeout_s, max_ahead) -> None:
+    """A pool's arguments, each refused with what it must be."""
+    if type(width) is not int or width < 1:
+        raise ValueError(f"lockstep width must be a positive int, got {width!r}")
+    if not callable(step):
+        raise TypeError(f"lockstep step must be callable, got {step!r}")
+    for name, f in (("reset", reset), ("hold", hold)):
+        if f is not None and not callable(f):
+            raise TypeError(f"lockstep {name} must be callable or None, got {f!r}")
+    if not (isinstance(gather_s, (int, float)) and 0 <= gather_s <= timeout_s):
+        raise ValueError(f"gather_s must be in [0, timeout_s], got {gather_s!r}")
+    if period_s is not None and not (
+        isinstance(period_s, (int, float)) and 0 < period_s <= timeout_s
+    ):
+        raise ValueError(f"period_s must be in (0, timeout_s] or None, got {period_s!r}")
+    if type(max_ahead) is not int or max_ahead < 1:
+        raise ValueError(f"max_ahead must be a positive int, got {max_ahead!r}")
+
+
+def _check_row(x: Any, t: torch.Tensor | None) -> None:
+    """One session's row: leading extent 1, and the shape, dtype and device of the
+    pool's rows (``t``, the first row handed in) once there is one."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != 1:
+        shown = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"a lockstep step takes one session's row (leading extent 1), got {shown}")
+    if t is not None and (x.shape, x.dtype, x.device) != (t.shape, t.dtype, t.device):
+        raise ValueError(
+            f"lockstep row {tuple(x.shape)} {x.dtype} on {x.device} differs from the "
+            f"pool's rows {tuple(t.shape)} {t.dtype} on {t.device}"
+        )
 
 
 def _row(out: Any, i: int, width: int) -> Any:
