@@ -259,7 +259,7 @@ class LockstepSessions(BatchedMoshi):
 
     def stats(self) -> dict:
         if self.pool.auditor is not None:
-            self.pool.auditor.drain()  # the shadow's checks of the frames served so far
+            self.pool.auditor.drain()  # its checks of the frames so far (stats say "behind")
         return {
             **replay.sessions_record(self.binding),
             "lockstep": self.pool.stats(),

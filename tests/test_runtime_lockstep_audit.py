@@ -56,7 +56,7 @@ def test_the_shadow_checks_every_frame_of_a_followed_session_and_finds_a_proven_
     binding, pool = pool_of(gather_s=0.002, audit=audit_of())
     results: dict = {}
     run_sessions(pool, [(21, 8), (22, 8), (23, 8)], results)
-    pool.auditor.drain()
+    assert pool.auditor.drain()
     for seed, outs in results.items():
         assert all(torch.equal(a, b) for a, b in zip(outs, solo(seed, 8)))
     audit = pool.stats()["audit"]
@@ -74,7 +74,7 @@ def test_after_a_followed_session_closes_the_next_one_due_is_followed():
     results: dict = {}
     for seed in (31, 32, 33):  # one after another: sessions 0 and 2 are due
         run_sessions(pool, [(seed, 4)], results)
-    pool.auditor.drain()
+    assert pool.auditor.drain()
     audit = pool.stats()["audit"]
     assert (audit["followed"], audit["checks"], audit["skipped_busy"]) == (2, 8, 0)
 
@@ -87,7 +87,7 @@ def test_a_batched_step_that_mixes_sessions_is_caught_naming_session_frame_and_o
     )
     results: dict = {}
     run_sessions(pool, [(41, 5), (42, 5)], results)
-    pool.auditor.drain()
+    assert pool.auditor.drain()
     audit = pool.stats()["audit"]
     assert audit["divergences"] == 1 and audit["checks"] >= 1
     (record,) = audit["divergence_records"]
@@ -100,7 +100,7 @@ def test_a_shadow_that_raises_stops_following_and_the_sessions_are_untouched(cap
     _, pool = pool_of(gather_s=0.002, audit=audit_of(fail_at=3))
     results: dict = {}
     run_sessions(pool, [(51, 6)], results)
-    pool.auditor.drain()
+    assert pool.auditor.drain()
     assert all(torch.equal(a, b) for a, b in zip(results[51], solo(51, 6)))
     audit = pool.stats()["audit"]
     assert (audit["shadow_errors"], audit["checks"], audit["divergences"]) == (1, 2, 0)
@@ -113,7 +113,7 @@ def test_a_shadow_too_far_behind_stops_following_instead_of_holding_rows():
     results: dict = {}
     run_sessions(pool, [(61, 8)], results)
     assert all(torch.equal(a, b) for a, b in zip(results[61], solo(61, 8)))
-    pool.auditor.drain()
+    assert pool.auditor.drain()
     audit = pool.stats()["audit"]
     assert audit["stopped_behind"] == 1 and audit["checks"] <= 2  # the rest dropped
     assert audit["divergences"] == 0

@@ -151,13 +151,12 @@ class ShadowAuditor:
         self._slot = None
         self._follow += 1  # the shadow's queued work for that session is dropped
 
-    def drain(self, timeout_s: float = 60.0) -> None:
-        """Wait until the shadow has checked every frame handed to it (a report's
-        counters are then final for those ticks)."""
+    def drain(self, timeout_s: float = 120.0) -> bool:
+        """Wait until the shadow has checked every frame handed to it (the counters are
+        then final for the ticks so far); False if it was still busy at ``timeout_s``."""
         done = threading.Event()
         self._queue.put(("mark", done))
-        if not done.wait(timeout_s):
-            raise TimeoutError(f"lockstep audit: shadow still busy after {timeout_s:.0f} s")
+        return done.wait(timeout_s)
 
     def shut_down(self, timeout_s: float = 60.0) -> None:
         self._queue.put(None)
@@ -195,12 +194,16 @@ class ShadowAuditor:
 
     def _check(self, follow, session, slot, frame, tick, row, out) -> None:
         ran, mine = self._shadow(follow, lambda: self.audit.step(row))
+        view = self.audit.view or (lambda x: x)
+        # compared outside the lock (it may read the device); counted only if that
+        # session is still followed (a stop in between dropped its work)
+        difference = first_tree_difference(view(mine), view(out), "output") if ran else None
         with self._lock:
-            self._behind = max(0, self._behind - 1) if follow == self._follow else self._behind
-            if not ran or follow != self._follow:
+            if follow != self._follow:
                 return
-            view = self.audit.view or (lambda x: x)
-            difference = first_tree_difference(view(mine), view(out), "output")
+            self._behind = max(0, self._behind - 1)
+            if not ran:
+                return
             self.counters["checks"] += 1
             if difference is None:
                 return
@@ -216,6 +219,7 @@ class ShadowAuditor:
             return {
                 **self.counters,
                 "every": self.audit.every,
+                "behind": self._behind if self._slot is not None else 0,  # not yet checked
                 "divergence_records": [d.describe() for d in self.divergences],
                 "shadow_error_records": list(self.errors),
             }
