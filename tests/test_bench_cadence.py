@@ -211,6 +211,20 @@ def test_pool_counters_come_from_the_servers_stats():
     assert summary.pool_counters([{"server": {}}]) == {}  # a stock arm: nothing to say
 
 
+def test_a_lockstep_arms_audit_counters_are_summed_over_its_workers():
+    tick = {"ticks": 10, "width": 8, "rows": 80, "tick_s": 0.5}
+    audit = {"followed": 1, "checks": 9, "divergences": 0, "stopped_behind": 1, "shadow_errors": 1}
+    c = summary.pool_counters([{"server": {"lockstep": {**tick, "audit": audit}}}] * 2)
+    assert (c["audit_followed"], c["audit_checks"], c["audit_stopped"]) == (2, 18, 4)
+    assert c["audit_divergences"] == 0 and c["ticks"] == 20
+    assert "audit_checks" not in summary.pool_counters([{"server": {"lockstep": tick}}])
+    doc = {"arms": {"b8": {}}, "per_n": {"b8": {"8": {"status": "ok", **c}}}, "workload": "m"}
+    doc.update(command="c", settings={})
+    assert "- audit: b8 N=8: a batch-1 shadow followed 2 sessions and checked 18 frames" in (
+        summary.markdown(doc)
+    )
+
+
 def ok_worker(group: list, hashes: dict) -> dict:
     """A worker's result for ``group`` whose sessions all answer ``hashes``."""
     return {

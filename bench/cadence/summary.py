@@ -83,6 +83,7 @@ def pool_counters(results: Sequence[dict]) -> dict:
             "holds": total("holds"),
             "hold_s": _f(total("hold_s")),
             "reset_s": _f(total("reset_s")),
+            **audit_counters([t["audit"] for t in ticks if "audit" in t]),
         }
     pools = [((r.get("server") or {}).get("sessions") or {}) for r in results]
     pools = [p for p in pools if p]
@@ -98,6 +99,22 @@ def pool_counters(results: Sequence[dict]) -> dict:
         **{k: sum(p.get(k, 0) for p in pools) for k in POOL_COUNTERS},
         "evictions": sum(p.get("evictions", 0) for p in params),
         "regrows": sum(p.get("regrows", 0) for p in params),
+    }
+
+
+def audit_counters(audits: Sequence[dict]) -> dict:
+    """A lockstep arm's run-time audit (runtime/serving/lockstep_audit.py): sessions its
+    batch-1 shadow followed, frames it checked bit for bit, divergences, and followings
+    it stopped (behind, a failed tick, a shadow error); nothing for an arm without."""
+    if not audits:
+        return {}
+    total = lambda key: sum(a.get(key, 0) for a in audits)  # noqa: E731
+    stopped = ("stopped_behind", "stopped_tick_failed", "shadow_errors")
+    return {
+        "audit_followed": total("followed"),
+        "audit_checks": total("checks"),
+        "audit_divergences": total("divergences"),
+        "audit_stopped": sum(total(k) for k in stopped),
     }
 
 
@@ -172,6 +189,14 @@ def markdown(doc: dict) -> str:
     if len(points):
         points = points.reindex(columns=cols).sort_values(["arm", "N"])
         lines += [points.to_markdown(index=False, floatfmt=".3g"), ""]
+    lines += [
+        f"- audit: {a} N={n}: a batch-1 shadow followed {p['audit_followed']} sessions and "
+        f"checked {p['audit_checks']} frames bit for bit, {p['audit_divergences']} diverged, "
+        f"{p['audit_stopped']} followings stopped"
+        for a, ps in doc["per_n"].items()
+        for n, p in ps.items()
+        if "audit_checks" in p
+    ]
     lines += [f"- skipped: {k['arm']} N={k['n']}: {k['why']}" for k in doc.get("skipped", [])]
     return "\n".join(lines) + "\n"
 
