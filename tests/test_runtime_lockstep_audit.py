@@ -108,6 +108,17 @@ def test_a_shadow_that_raises_stops_following_and_the_sessions_are_untouched(cap
     assert "the batch-1 shadow raised RuntimeError" in caplog.text
 
 
+def test_a_view_that_raises_is_a_shadow_error_not_a_dead_auditor():
+    step, reset = shadow()
+    audit = ShadowAudit(step, reset, view=lambda out: out.no_such_output)
+    _, pool = pool_of(gather_s=0.002, audit=audit)
+    results: dict = {}
+    run_sessions(pool, [(71, 3)], results)
+    assert pool.auditor.drain(timeout_s=10)  # the shadow's thread is still there
+    assert pool.stats()["audit"]["shadow_errors"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(results[71], solo(71, 3)))
+
+
 def test_a_shadow_too_far_behind_stops_following_instead_of_holding_rows():
     _, pool = pool_of(gather_s=0.0, audit=audit_of(slow_s=0.2, max_behind=2))
     results: dict = {}

@@ -193,11 +193,13 @@ class ShadowAuditor:
             return False, None
 
     def _check(self, follow, session, slot, frame, tick, row, out) -> None:
-        ran, mine = self._shadow(follow, lambda: self.audit.step(row))
         view = self.audit.view or (lambda x: x)
-        # compared outside the lock (it may read the device); counted only if that
-        # session is still followed (a stop in between dropped its work)
-        difference = first_tree_difference(view(mine), view(out), "output") if ran else None
+        # the shadow's step and the comparison (outside the lock: it may read the device;
+        # a view that raises is a shadow error), counted only if that session is still
+        # followed (a stop in between dropped its work)
+        ran, difference = self._shadow(
+            follow, lambda: first_tree_difference(view(self.audit.step(row)), view(out), "output")
+        )
         with self._lock:
             if follow != self._follow:
                 return
