@@ -93,36 +93,48 @@ def difference_box(a: torch.Tensor, b: torch.Tensor) -> tuple[int, tuple[tuple[i
     return count, tuple(box)
 
 
+def named_leaves(x: Any, path: str) -> dict[str, Any]:
+    """Leaves of tuples, lists and dicts by the path a user would write."""
+    out: dict[str, Any] = {}
+
+    def walk(y: Any, p: str) -> None:
+        if type(y) in (tuple, list):
+            for i, v in enumerate(y):
+                walk(v, f"{p}[{i}]")
+        elif type(y) is dict:
+            for k, v in y.items():
+                walk(v, f"{p}[{k!r}]")
+        else:
+            out[p] = y
+
+    walk(x, path)
+    return out
+
+
 def first_tree_difference(
     a: Any, b: Any, path: str = "output"
 ) -> tuple[str, tuple[int, ...] | None] | None:
     """Where two output trees (nested tuples, lists and dicts of tensors and plain
-    values) first differ: the leaf's path and, for two tensors of one dtype, its first
-    differing element (None: a shape, dtype, type or structure difference, or plain
-    values); ``None`` when they are the same bytes."""
-    if type(a) in (tuple, list, dict) or type(b) in (tuple, list, dict):
-        if type(a) is not type(b) or len(a) != len(b):
-            return path, None
-        if type(a) is dict:
-            if list(a) != list(b):
-                return path, None
-            pairs = [(f"{path}[{k!r}]", a[k], b[k]) for k in a]
-        else:
-            pairs = [(f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
-        for p, x, y in pairs:
-            if (found := first_tree_difference(x, y, p)) is not None:
-                return found
-        return None
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if bitwise_equal(a, b):
-            return None
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return path, None
-        return path, first_difference(a.detach().cpu(), b.detach().cpu())
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or type(a) is not type(b):
+    values) first differ: the leaf's path (``named_leaves``) and, for two tensors of one
+    dtype and shape, its first differing element (None: a shape, dtype, type or
+    structure difference, or plain values); ``None`` when they are the same bytes."""
+    leaves_a, leaves_b = named_leaves(a, path), named_leaves(b, path)
+    if list(leaves_a) != list(leaves_b):
         return path, None
-    try:
-        equal = bool(a == b)
-    except Exception:  # noqa: BLE001 - a value without a usable ==: the same object only
-        equal = a is b
-    return None if equal else (path, None)
+    for p, x in leaves_a.items():
+        y = leaves_b[p]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if bitwise_equal(x, y):
+                continue
+            if x.dtype != y.dtype or x.shape != y.shape:
+                return p, None
+            return p, first_difference(x.detach().cpu(), y.detach().cpu())
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or type(x) is not type(y):
+            return p, None
+        try:
+            equal = bool(x == y)
+        except Exception:  # noqa: BLE001 - a value without a usable ==: the same object only
+            equal = x is y
+        if not equal:
+            return p, None
+    return None

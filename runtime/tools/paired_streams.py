@@ -4,7 +4,7 @@ Each copy draws from its own random-number streams (``RngStreams``: the global
 generators' states saved and loaded around each of its steps, both starting from the
 same state), the copies' items are taken pairwise (``next_pair``: a copy that ends
 early or raises is a ``Divergence``, never an exception) and compared leaf by leaf
-under the paths a user would write (``named_leaves``).
+under the paths a user would write (``audit.named_leaves``).
 """
 
 from __future__ import annotations
@@ -98,21 +98,3 @@ def next_pair(stock: Iterator[Any], bound: Iterator[Any], chunk: int) -> Any:
     if actual is END:
         return Divergence(chunk, "length", "stream", note="the bound stream ended early")
     return expected, actual
-
-
-def named_leaves(x: Any, path: str) -> dict[str, Any]:
-    """Leaves of tuples, lists and dicts by the path a user would write."""
-    out: dict[str, Any] = {}
-
-    def walk(y: Any, p: str) -> None:
-        if type(y) in (tuple, list):
-            for i, v in enumerate(y):
-                walk(v, f"{p}[{i}]")
-        elif type(y) is dict:
-            for k, v in y.items():
-                walk(v, f"{p}[{k!r}]")
-        else:
-            out[p] = y
-
-    walk(x, path)
-    return out

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..audit import difference_box, first_difference
+from ..audit import difference_box, first_difference, named_leaves
 from .op_trace import (
     DEFAULT_KEEP_BYTES,
     OpTrace,
@@ -51,7 +51,7 @@ from .op_trace import (
     weight_prints,
 )
 from ..progress import capture_progress
-from .paired_streams import RngStreams, named_leaves, next_pair
+from .paired_streams import RngStreams, next_pair
 from .streams import StreamSpec
 
 

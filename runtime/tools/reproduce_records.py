@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from ..audit import _as_bits
+from ..audit import _as_bits, named_leaves
 from .op_trace import OpTrace, _host_prints, _state_prints, weight_prints
-from .paired_streams import named_leaves
 from .reproduce import OpDifference, Reproduction, _traced, _weights_difference
 from .streams import StreamSpec
 

@@ -37,11 +37,11 @@ from typing import Any, Callable
 
 import torch
 
-from ..audit import bitwise_equal, difference_box, first_difference
+from ..audit import bitwise_equal, difference_box, first_difference, named_leaves
 from ..state.regions import leading_part
 from ..engine.signature import STALE_HOST_VALUE
 from ..state.sites import SiteError, format_path, get_at
-from .paired_streams import Divergence, RngStreams, named_leaves, next_pair
+from .paired_streams import Divergence, RngStreams, next_pair
 from .streams import StreamSpec
 
 # Regions whose value after a chunk is read by a later call: the state to compare.
