@@ -261,8 +261,7 @@ class LockstepPool:
                 frame.finish(error=e)
         else:
             if self.auditor is not None:  # before the sessions may hand in their next
-                rows = {i: frame.row for i, frame in batch.items()}
-                self.auditor.served(self.log.counters["ticks"], rows, results)
+                self.auditor.served(self.log.counters["ticks"], batch, results)
             for i, frame in batch.items():
                 frame.finish(results[i])
         self.log.tick(t, time.perf_counter(), len(batch), partial)

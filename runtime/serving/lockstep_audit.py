@@ -119,18 +119,19 @@ class ShadowAuditor:
             self.counters["followed"] += 1
             self._queue.put(("reset", self._follow, number, slot))
 
-    def served(self, tick: int, rows: dict[int, torch.Tensor], outs: dict[int, Any]) -> None:
-        """A tick served ``rows`` (slot: the row handed in) with ``outs`` (slot: its row
-        of the outputs, as the session got it)."""
+    def served(self, tick: int, frames: dict[int, Any], outs: dict[int, Any]) -> None:
+        """A tick served ``frames`` (slot: the ``LockstepFrame`` handed in) with ``outs``
+        (slot: its row of the outputs, as the session got it)."""
         with self._lock:
             slot = self._slot
-            if slot is None or slot not in rows:
+            if slot is None or slot not in frames:
                 return
             if self._behind >= self.audit.max_behind:
                 self._stop("stopped_behind")
                 return
             self._behind += 1
-            self._queue.put(("check", self._follow, self._frames, tick, rows[slot], outs[slot]))
+            check = (self._follow, self._frames, tick, frames[slot].row, outs[slot])
+            self._queue.put(("check", *check))
             self._frames += 1
 
     def failed(self, slots) -> None:
