@@ -119,6 +119,38 @@ def test_wakes_of_four_rewind_to_the_committed_end_and_reproduce() -> None:
     assert ids != vendor(True)[0]  # W = 4 is another algorithm (masked positions, LoRA)
 
 
+def test_a_wake_voices_its_retained_frames_in_one_depformer_call() -> None:
+    """Each wake calls the vendor's depformer once, its r retained frames as r rows; row
+    h - 1's audio codebooks are what frame t + h plays (each codebook at its delay), for
+    every frame played before the next wake."""
+    mimi, lm_gen = M.build_moshi(SEED, "cpu", DTYPE, M.TINY_LM_KWARGS, greedy=True, start=False)
+    mimi.streaming_forever(1)
+    lm_gen.lm_model.streaming_forever(1)
+    calls, depformer = [], lm_gen.depformer_step
+
+    def recorded(text_token, transformer_out):
+        audio = depformer(text_token, transformer_out)
+        calls.append((text_token.clone(), transformer_out.shape, audio.clone()))
+        return audio
+
+    lm_gen.depformer_step = recorded
+    loop = MW.RollingWakes(lm_gen, 4, MW.Schedule(5, 4, 0.5, 2, 0.3), seed=SEED)
+    ids, _ = frames_out(mimi, loop.tick)
+    assert len(calls) == len(loop.wakes)
+    checked = 0
+    for wake, (texts, shape, audio) in zip(loop.wakes, calls, strict=True):
+        assert tuple(shape) == (wake.r, 1, loop.lm.dim) and audio.shape[0] == wake.r
+        for h in range(1, wake.k + 1):
+            for j in range(loop.depth):  # text, then the audio codebooks at their delays
+                i = wake.tick + h + loop.max_delay - loop.delays[j] - 1  # the frame that plays it
+                if 0 <= i < FRAMES and ids[i] is not None:
+                    want = texts[h - 1] if j == 0 else audio[h - 1, j - 1]
+                    assert ids[i][j] == int(want), (wake, h, j)
+                    checked += 1
+    assert checked > FRAMES * loop.depth // 2
+    assert any(w.r > 1 for w in loop.wakes)
+
+
 @pytest.mark.parametrize(
     "policy, frames_per_wake, before_revision", [("listen", 1.98, 4.24), ("speak", 2.26, 3.79)]
 )
@@ -216,9 +248,9 @@ def test_a_graphed_wake_loop_equals_its_eager_run_byte_for_byte() -> None:
     assert graphed_ids == ids and same(graphed_pcm, pcm) and loop.wakes == eager.wakes
     stats = binding.stats()["callables"]
     assert stats["backbone"]["hits"] == len(loop.wakes) and not stats["backbone"]["misses"]
-    # one depformer step per played frame, none for a draft a revision discarded
-    assert stats["depformer"]["hits"] == FRAMES < sum(w.r for w in loop.wakes)
-    assert not stats["depformer"]["misses"], stats
+    # one depformer call per wake, over its r retained frames as r rows
+    assert stats["depformer"]["hits"] == len(loop.wakes) and not stats["depformer"]["misses"]
+    assert {w.r for w in loop.wakes} > {1}  # several row counts replayed, each its class
     assert {w.c + 3 for w in loop.wakes} <= {4, 5, 6, 7}  # q = c + W - 1: the catalog
 
 
@@ -234,7 +266,7 @@ def test_the_wake_contract_refuses_the_vendor_s_ring() -> None:
     result = check_source(text, "moshi_wake.clock")
     assert result.ok, result.diagnostics
     backbone, depformer = result.analysis.callables
-    assert depformer.width == 1  # the vendor's depformer step: one class
+    assert depformer.width == 16  # the vendor's depformer step: one class per r = 1..W
     assert backbone.width == 16 and backbone.commits[0][0] == "lm_kv"
     kv = next(r for r in result.analysis.regions if r.name == "lm_kv")
     assert (kv.speculative, kv.bound, kv.envelope) == (30, 3000, 3030)

@@ -8,10 +8,13 @@ gathered from a delay cache exactly as ``LMGen._step`` gathers its one position)
 1``: the last realized position's output is the next frame (h = 1, the autoregressive
 prediction), masked position h - 1 the frame h. A prefix of ``r`` frames is retained
 (the schedule's decision, below): each one's text token is sampled from its logits as
-``LMGen`` samples and written into the delay cache ahead of playback; its 8 audio
-codebooks come from the vendor's ``LMGen.depformer_step`` (autoregressive per frame,
-unchanged) at the tick that plays the frame, so a wake costs one backbone call and a
-draft a revision discards costs no depformer step. Then the ring KV is rewound by
+``LMGen`` samples and written into the delay cache ahead of playback; their 8 audio
+codebooks come from one call of the vendor's ``LMGen.depformer_step`` over the ``r``
+retained positions as a batch of ``r`` rows (autoregressive over the codebooks within
+each frame, parallel in time: the paper's "the depth transformer stays autoregressive
+within each frame, only in time one pass produces several positions"), so a wake costs
+one backbone call and one depformer call whatever it retains; the audio of a draft a
+revision discards is dropped with its text. Then the ring KV is rewound by
 ``W - 1``: the masked entries lie past the
 committed end and the next wake overwrites them (``Rewind``: every ``RingKVCache``'s
 ``end_offset``, each attention's ``offset``/``offset_cpu``, each layer's
@@ -311,7 +314,6 @@ class RollingWakes:
         self.t = 0  # frames played (LMGen's offsets)
         self.fed = 0  # positions committed to the backbone's KV
         self.left = 0  # frames the last wake left to play before the next wake
-        self.drafts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # position: text, out
 
     # ------------------------------------------------------------------ a frame
     @torch.no_grad()
@@ -324,7 +326,6 @@ class RollingWakes:
             self.cache[:, k, (t + self.delays[k]) % self.ring] = user[:, i, 0]
         if self.left == 0:
             self._wake()
-        self._play(t + 1)
         self.left -= 1
         self.t += 1
         if self.t <= self.max_delay:
@@ -335,7 +336,7 @@ class RollingWakes:
 
     # ------------------------------------------------------------------- a wake
     def _wake(self) -> None:
-        lm, t, W = self.lm, self.t, self.window
+        t, W = self.t, self.window
         c = t - self.fed + 1  # positions fed .. t are realized
         positions = list(range(self.fed, t + W))
         tokens, masked = self._inputs(positions, t)
@@ -357,26 +358,28 @@ class RollingWakes:
             r, k = self.schedule.decide([int(x) for x in texts], probs)
         else:
             r, k = self.schedule.decide()
-        self.drafts = {}  # a revision discards the unplayed drafts of the last wake
-        for h in range(1, r + 1):
-            text = texts[h - 1] if self.schedule.needs_texts else sample(h)
-            self.cache[:, 0, (t + h) % self.ring] = text
-            # a view of the wake's output: valid until the next wake's backbone call, and
-            # every drafted frame is played (or discarded) before it
-            self.drafts[t + h] = (text, out[:, at(h) : at(h) + 1])
+            texts = [sample(h) for h in range(1, r + 1)]
+        texts = torch.cat(texts[:r])  # [r]: the retained frames' text tokens
+        # the retained positions' outputs as r rows of one step, contiguous as LMGen hands
+        # its one (W = 1: the same [1, 1, D] values)
+        outs = out[0, at(1) : at(r) + 1, None].contiguous()
+        self._voice(t, texts, outs)
         if W > 1:
             self.rewind(W - 1, t + 1)
         self.fed, self.left = t + 1, k
         self.wakes.append(Wake(t, c, r, k))
 
-    def _play(self, position: int) -> None:
-        """The depformer of the frame played now (its audio codebooks), from its drafted
-        text token and its output position, as ``LMGen`` runs it after ``forward_text``."""
-        text, out = self.drafts.pop(position)
+    def _voice(self, t: int, texts: torch.Tensor, outs: torch.Tensor) -> None:
+        """The retained frames t + 1 .. t + r: their text tokens [r] and audio codebooks
+        (one depformer call over their outputs [r, 1, D], as ``LMGen`` runs it after
+        ``forward_text``) written into the delay cache ahead of playback. A revision's
+        next wake overwrites the ones left unplayed."""
         depformer = self.depformer_step or self.lm_gen.depformer_step
-        # the position's output, contiguous as LMGen hands it (W = 1: the same tensor)
-        audio = depformer(text, out.contiguous())
-        self.cache[:, 1 : self.depth, position % self.ring] = audio
+        audio = depformer(texts, outs)  # [r, dep_q]
+        slots = torch.arange(t + 1, t + 1 + len(texts), device=self.cache.device) % self.ring
+        streams = self.cache[0]  # [K, ring], a view
+        streams[0, slots] = texts
+        streams[1 : self.depth, slots] = audio.T
 
     def _inputs(self, positions: list[int], t: int) -> tuple[torch.Tensor, Any]:
         """Tokens [1, K, T] at ``positions`` (``initial`` where a stream has not started,
@@ -481,8 +484,8 @@ def contract_text(shape: WakeShape) -> str:
     writes past its first). Every tensor the call writes in place is a stock region,
     pointer-checked on every call: a ring replaced behind the graphs (a new stream) makes
     the call run eager, not write a stale buffer. The vendor's depformer step (one call
-    per played frame) is a second callable of one class. contracts/moshi_wake.clock is
-    this text at ``SHAPE_7B``."""
+    per wake over its r = 1 .. W retained frames) is a second callable, one class per r.
+    contracts/moshi_wake.clock is this text at ``SHAPE_7B``."""
     W, ring, dtype = shape.window, shape.ring, shape.dtype
     state = "lm.transformer.layers[{i}].self_attn._streaming_state"
     lines = [
@@ -538,13 +541,15 @@ def contract_text(shape: WakeShape) -> str:
         f"  commits lm_kv by q - {W - 1}",
         "  effects none",
         "}",
-        # the vendor's own depformer step for each played frame (LMGen graphs it too,
-        # as graphed_depth): its streaming state lives inside the call, so it writes nothing
+        # the vendor's own depformer step over a wake's r retained frames as r rows (LMGen
+        # graphs it too, as graphed_depth): its streaming state lives inside the call, so
+        # it writes nothing
         "callable depformer {",
         "  site lm_gen.depformer_step",
-        "  per frame",
-        "  arg text_token: int64 [1]",
-        f"  arg transformer_out: {dtype} [1, 1, dim]",
+        "  per wake",
+        "  arg text_token: int64 [r]",
+        f"  arg transformer_out: {dtype} [r, 1, dim]",
+        "  config r in {" + ", ".join(str(r) for r in range(1, W + 1)) + "}",
         "  effects none",
         "}",
     ]
