@@ -131,9 +131,9 @@ class LMTimer:
         self.event = lambda: torch.cuda.Event(enable_timing=True)
         self.pending, self.by_phase = [], {}
 
-    def wrap(self, fn: Any, part: str, query: Any = lambda *args: 1) -> Any:
-        """``fn`` timed as ``part``; ``query(*args)`` gives the finished call's query length
-        (or its rows)."""
+    def wrap(self, fn: Any, part: str, query: Any = lambda *args, **kwargs: 1) -> Any:
+        """``fn`` timed as ``part``; ``query(*args, **kwargs)``, given the call's own
+        arguments, gives its query length (or its rows)."""
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = self.event() if self.cuda else time.perf_counter()
